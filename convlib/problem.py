@@ -1,0 +1,377 @@
+"""The convolution problem as a value: every argument checked once, every derived size computed once.
+
+:class:`ConvProblem` is what every backend, algorithm, selector and benchmark receives. It is
+frozen and hashable, so it doubles as the cache key for compiled kernels and tuning results.
+:func:`make_problem` is the single place where user arguments are validated; nothing downstream
+re-checks them.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SUPPORTED_DTYPES = ("float32", "float64")
+
+#: Default cap on the im2col workspace (the column matrix of one batch chunk), in bytes.
+IM2COL_WORKSPACE_CAP = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """One batched 2-D convolution (cross-correlation), NCHW in, NCHW out.
+
+    Parameters
+    ----------
+    N, C, H, W : int
+        Batch, input channels, input height and width of ``x``.
+    K, R, S : int
+        Output channels, filter height and filter width of ``w`` (shape ``(K, C // groups, R, S)``).
+    stride : tuple of int
+        ``(stride_h, stride_w)``, each >= 1.
+    padding : tuple of int
+        ``(top, bottom, left, right)`` zero padding, each >= 0. Symmetric for integer padding;
+        ``"same"`` with an even effective filter pads one more at the bottom/right, as PyTorch does.
+    dilation : tuple of int
+        ``(dil_h, dil_w)``, each >= 1.
+    groups : int
+        Number of groups; divides both ``C`` and ``K``.
+    dtype : str
+        ``"float32"`` or ``"float64"``, shared by x, w, bias and the result.
+    has_bias : bool
+        Whether a bias of shape ``(K,)`` is added.
+
+    Notes
+    -----
+    Derived sizes (``P``, ``Q``, the GEMM sizes, FLOPs, bytes, workspaces) are properties, so the
+    dataclass stays a plain value: two equal problems hash equal whatever was asked of them.
+    The GEMM view is per group: ``M = K / groups`` rows of filters, ``Ngemm = N * P * Q`` output
+    pixels, ``Kgemm = C / groups * R * S`` reduction length.
+    """
+
+    N: int
+    C: int
+    H: int
+    W: int
+    K: int
+    R: int
+    S: int
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int, int, int] = (0, 0, 0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+    dtype: str = "float32"
+    has_bias: bool = False
+    _checked: bool = field(default=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        # A problem built by hand (tests, benchmarks) gets the same checks as one built from
+        # arrays; make_problem has already done them and says so through _checked.
+        if not self._checked:
+            _check_sizes(self)
+
+    # -- output size -----------------------------------------------------------------------
+    @property
+    def P(self) -> int:
+        """Output height."""
+        top, bottom = self.padding[0], self.padding[1]
+        return (self.H + top + bottom - self.dilation[0] * (self.R - 1) - 1) // self.stride[0] + 1
+
+    @property
+    def Q(self) -> int:
+        """Output width."""
+        left, right = self.padding[2], self.padding[3]
+        return (self.W + left + right - self.dilation[1] * (self.S - 1) - 1) // self.stride[1] + 1
+
+    @property
+    def x_shape(self) -> tuple[int, int, int, int]:
+        return (self.N, self.C, self.H, self.W)
+
+    @property
+    def w_shape(self) -> tuple[int, int, int, int]:
+        return (self.K, self.C // self.groups, self.R, self.S)
+
+    @property
+    def y_shape(self) -> tuple[int, int, int, int]:
+        return (self.N, self.K, self.P, self.Q)
+
+    @property
+    def pad_top(self) -> int:
+        return self.padding[0]
+
+    @property
+    def pad_left(self) -> int:
+        return self.padding[2]
+
+    @property
+    def C_per_group(self) -> int:
+        return self.C // self.groups
+
+    @property
+    def K_per_group(self) -> int:
+        return self.K // self.groups
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    # -- GEMM view (per group) -------------------------------------------------------------
+    @property
+    def gemm_m(self) -> int:
+        """Rows of the filter matrix: output channels per group."""
+        return self.K_per_group
+
+    @property
+    def gemm_n(self) -> int:
+        """Columns of the image matrix: output pixels of the whole batch."""
+        return self.N * self.P * self.Q
+
+    @property
+    def gemm_k(self) -> int:
+        """Reduction length: input channels per group times filter taps."""
+        return self.C_per_group * self.R * self.S
+
+    # -- cost ------------------------------------------------------------------------------
+    @property
+    def flops(self) -> int:
+        """Multiply-adds counted as two FLOPs (bias not counted)."""
+        return 2 * self.groups * self.gemm_m * self.gemm_n * self.gemm_k
+
+    @property
+    def bytes_moved(self) -> int:
+        """Compulsory memory traffic: read x and w (and bias) once, write y once."""
+        elems = (
+            self.N * self.C * self.H * self.W
+            + self.K * self.C_per_group * self.R * self.S
+            + (self.K if self.has_bias else 0)
+            + self.N * self.K * self.P * self.Q
+        )
+        return elems * self.itemsize
+
+    @property
+    def is_winograd_shape(self) -> bool:
+        """3x3 filter, stride 1, dilation 1: the shapes Winograd F(m x m, 3x3) serves."""
+        return (self.R, self.S) == (3, 3) and self.stride == (1, 1) and self.dilation == (1, 1)
+
+    def im2col_batch_chunk(self, cap_bytes: int = IM2COL_WORKSPACE_CAP) -> int:
+        """Images per im2col chunk so that one chunk's column matrix fits in ``cap_bytes``.
+
+        Always at least 1: a single image whose column matrix exceeds the cap is still served
+        (the cap then bounds the chunk, not the image).
+        """
+        per_image = self.C * self.R * self.S * self.P * self.Q * self.itemsize
+        if per_image == 0 or self.N == 0:
+            return max(self.N, 1)
+        return max(1, min(self.N, cap_bytes // per_image))
+
+    def workspace_bytes(self, algo: str, cap_bytes: int = IM2COL_WORKSPACE_CAP) -> int:
+        """Temporary memory an algorithm allocates beyond x, w, bias and y.
+
+        Parameters
+        ----------
+        algo : str
+            ``"direct"``, ``"im2col"``, ``"blis"``, ``"winograd"`` (F(4x4,3x3)),
+            ``"winograd2"`` (F(2x2,3x3)) or ``"winograd4"``.
+        cap_bytes : int
+            im2col's chunk cap.
+        """
+        isz = self.itemsize
+        padded = self.N * self.C * (self.H + self.padding[0] + self.padding[1]) * (
+            self.W + self.padding[2] + self.padding[3]
+        )
+        if algo == "direct":
+            # A zero-padded copy of x when padding is asked for.
+            return padded * isz if any(self.padding) else 0
+        if algo == "im2col":
+            return self.im2col_batch_chunk(cap_bytes) * self.C * self.R * self.S * self.P * self.Q * isz
+        if algo == "blis":
+            from .cpu.blocking import blis_blocking
+
+            b = blis_blocking(self.dtype)
+            return b.workspace_bytes(self)
+        if algo in ("winograd", "winograd2", "winograd4"):
+            m = 2 if algo == "winograd2" else 4
+            alpha = m + 2
+            tiles = self.N * (-(-self.P // m)) * (-(-self.Q // m))
+            return alpha * alpha * (self.C * tiles + self.K * self.C_per_group + self.K * tiles) * isz
+        raise ValueError(f"workspace_bytes: unknown algo {algo!r}")
+
+    def describe(self) -> str:
+        """A one-line human description, e.g. for benchmark tables."""
+        s = f"N={self.N} C={self.C} H={self.H} W={self.W} K={self.K} {self.R}x{self.S}"
+        if self.stride != (1, 1):
+            s += f" stride={self.stride[0]}x{self.stride[1]}"
+        if any(self.padding):
+            s += f" pad={','.join(map(str, self.padding))}"
+        if self.dilation != (1, 1):
+            s += f" dil={self.dilation[0]}x{self.dilation[1]}"
+        if self.groups != 1:
+            s += f" groups={self.groups}"
+        return s + f" {self.dtype}"
+
+
+# ------------------------------------------------------------------------------------------
+# Validation: the one place user arguments are checked.
+# ------------------------------------------------------------------------------------------
+def _int_pair(name: str, value, minimum: int) -> tuple[int, int]:
+    allowed = f"an int >= {minimum} or a pair of ints >= {minimum}"
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}={value!r} is a bool; {name} must be {allowed}")
+    if isinstance(value, numbers.Integral):
+        pair = (int(value), int(value))
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        if not all(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in value):
+            raise TypeError(f"{name}={value!r}: {name} must be {allowed}")
+        pair = (int(value[0]), int(value[1]))
+    else:
+        raise TypeError(f"{name}={value!r}: {name} must be {allowed}")
+    if min(pair) < minimum:
+        raise ValueError(f"{name}={value!r}: {name} must be {allowed}")
+    return pair
+
+
+def _padding(value, R: int, S: int, stride, dilation) -> tuple[int, int, int, int]:
+    if isinstance(value, str):
+        if value == "valid":
+            return (0, 0, 0, 0)
+        if value == "same":
+            if stride != (1, 1):
+                raise ValueError(
+                    f"padding='same' needs stride 1, got stride={stride}; "
+                    "use an explicit padding with stride > 1"
+                )
+            th, tw = dilation[0] * (R - 1), dilation[1] * (S - 1)
+            return (th // 2, th - th // 2, tw // 2, tw - tw // 2)
+        raise ValueError(f"padding={value!r}: allowed strings are 'valid' and 'same'")
+    top_left = _int_pair("padding", value, 0)
+    return (top_left[0], top_left[0], top_left[1], top_left[1])
+
+
+def _check_sizes(p: ConvProblem) -> None:
+    """Checks that concern the sizes alone (also run for problems built by hand)."""
+    for name in ("N", "C", "H", "W", "K", "R", "S", "groups"):
+        v = getattr(p, name)
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+            raise TypeError(f"{name}={v!r} must be an int")
+    if min(p.C, p.H, p.W, p.K, p.R, p.S) < 1 or p.N < 0:
+        raise ValueError(f"sizes must be positive (N may be 0), got {p.x_shape} x {p.w_shape}")
+    if p.groups < 1 or p.C % p.groups or p.K % p.groups:
+        raise ValueError(
+            f"groups={p.groups} must be >= 1 and divide both the input channels C={p.C} "
+            f"and the output channels K={p.K}"
+        )
+    if p.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"dtype={p.dtype!r}: allowed dtypes are {', '.join(SUPPORTED_DTYPES)}")
+    eff_h = p.dilation[0] * (p.R - 1) + 1
+    eff_w = p.dilation[1] * (p.S - 1) + 1
+    padded_h = p.H + p.padding[0] + p.padding[1]
+    padded_w = p.W + p.padding[2] + p.padding[3]
+    if eff_h > padded_h or eff_w > padded_w:
+        raise ValueError(
+            f"w: the (dilated) filter {eff_h}x{eff_w} is larger than the padded input "
+            f"{padded_h}x{padded_w}; it must fit"
+        )
+
+
+def array_dtype(name: str, arr) -> np.dtype:
+    """The numpy dtype of any supported array kind, or a ``TypeError`` naming ``name``."""
+    dt = getattr(arr, "dtype", None)
+    try:
+        dt = np.dtype(dt) if dt is not None else None
+    except TypeError:
+        # e.g. a torch dtype: fall back on the CUDA array interface's type string.
+        cai = getattr(arr, "__cuda_array_interface__", None)
+        dt = np.dtype(cai["typestr"]) if cai else None
+    if dt is None:
+        raise TypeError(f"{name} of type {type(arr).__name__} is not an array; pass a numpy (or device) array")
+    if dt.name not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"{name} has dtype {dt.name}; allowed dtypes are float32 and float64 "
+            "(integer, bool, complex and object arrays are not convolved)"
+        )
+    return dt
+
+
+def make_problem(
+    x_shape,
+    w_shape,
+    bias_shape,
+    x_dtype,
+    w_dtype,
+    bias_dtype=None,
+    *,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups=1,
+) -> ConvProblem:
+    """Validate convolution arguments and build the :class:`ConvProblem`.
+
+    Parameters
+    ----------
+    x_shape, w_shape : tuple of int
+        Shapes of the input ``(N, C, H, W)`` and the filters ``(K, C // groups, R, S)``.
+    bias_shape : tuple of int or None
+        Shape of the bias, ``(K,)``, or None.
+    x_dtype, w_dtype, bias_dtype : numpy.dtype
+        Dtypes (already checked to be float32/float64 by :func:`array_dtype`).
+    stride, padding, dilation, groups
+        As in :func:`convlib.conv2d`.
+
+    Returns
+    -------
+    ConvProblem
+
+    Raises
+    ------
+    TypeError, ValueError
+        With a message naming the argument, the value and what is allowed.
+    """
+    if len(x_shape) != 4:
+        raise ValueError(f"x must be 4-D (N, C, H, W); got {len(x_shape)}-D with shape {tuple(x_shape)}")
+    if len(w_shape) != 4:
+        raise ValueError(f"w must be 4-D (K, C/groups, R, S); got {len(w_shape)}-D with shape {tuple(w_shape)}")
+    if isinstance(groups, (bool, np.bool_)) or not isinstance(groups, numbers.Integral):
+        raise TypeError(f"groups={groups!r} must be an int >= 1")
+    groups = int(groups)
+    if groups < 1:
+        raise ValueError(f"groups={groups} must be an int >= 1")
+    N, C, H, W = (int(v) for v in x_shape)
+    K, Cg, R, S = (int(v) for v in w_shape)
+    if min(C, H, W) < 1:
+        raise ValueError(f"x has shape {tuple(x_shape)}; C, H and W must be >= 1 (only N may be 0)")
+    if min(K, Cg, R, S) < 1:
+        raise ValueError(f"w has shape {tuple(w_shape)}; every dimension must be >= 1")
+    if C % groups or K % groups:
+        raise ValueError(
+            f"groups={groups} must divide both the input channels C={C} and the output channels K={K}"
+        )
+    if Cg * groups != C:
+        raise ValueError(
+            f"w has shape {tuple(w_shape)}: its second dimension must be C/groups = {C}/{groups} = "
+            f"{C // groups}, got {Cg}"
+        )
+    if x_dtype != w_dtype:
+        raise TypeError(f"x has dtype {x_dtype} but w has dtype {w_dtype}; x, w and bias must share one dtype")
+    if bias_shape is not None:
+        if tuple(bias_shape) != (K,):
+            raise ValueError(f"bias has shape {tuple(bias_shape)}; it must be (K,) = ({K},)")
+        if bias_dtype != x_dtype:
+            raise TypeError(f"bias has dtype {bias_dtype} but x has dtype {x_dtype}; they must share one dtype")
+    stride_p = _int_pair("stride", stride, 1)
+    dilation_p = _int_pair("dilation", dilation, 1)
+    padding_p = _padding(padding, R, S, stride_p, dilation_p)
+    problem = ConvProblem(
+        N, C, H, W, K, R, S, stride_p, padding_p, dilation_p, groups,
+        np.dtype(x_dtype).name, bias_shape is not None, _checked=True,
+    )
+    _check_sizes(problem)
+    return problem
+
+
+def gflops(problem: ConvProblem, seconds: float) -> float:
+    """Throughput in GFLOP/s for a run of ``problem`` that took ``seconds``."""
+    return problem.flops / seconds / 1e9 if seconds > 0 else math.inf

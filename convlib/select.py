@@ -1,0 +1,98 @@
+"""``algo="auto"``: which algorithm serves a problem best, and why.
+
+Rules first (what can serve at all), then a cost model calibrated on this project's benchmarks
+(``python -m convlib.bench``); see :func:`choose_algorithm` for the rules themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import registry
+from .problem import ConvProblem
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What ``algo="auto"`` picks for one problem on one backend.
+
+    Attributes
+    ----------
+    algo : str
+        The algorithm picked.
+    reason : str
+        Why, in one sentence.
+    candidates : tuple of str
+        Every algorithm of the backend that can serve the problem.
+    timings : dict
+        Seconds per candidate when the choice was measured, else empty.
+    """
+
+    algo: str
+    reason: str
+    candidates: tuple[str, ...]
+    timings: dict = field(default_factory=dict, compare=False)
+
+
+def _cost_model(problem: ConvProblem, backend: str, candidates: list[str]) -> tuple[str, str]:
+    def pick(algo, why):
+        return (algo, why) if algo in candidates else None
+
+    # Few channels per group: the GEMM is too thin to amortise packing, and the problem is bound by
+    # memory traffic, which direct convolution keeps at its floor (x read once, y written once).
+    if problem.gemm_k <= 72 or problem.gemm_m < 16:
+        choice = pick("direct", f"thin GEMM (M={problem.gemm_m}, K={problem.gemm_k}): memory-bound, direct streams the image once")
+        if choice:
+            return choice
+    if backend == "cpu":
+        choice = pick("blis", "GEMM-shaped problem: the packed BLIS GEMM reads the image directly, with bounded workspace")
+    else:
+        choice = pick("im2col", "GEMM-shaped problem: explicit im2col then a tuned device GEMM")
+    if choice:
+        return choice
+    return candidates[0], "the first algorithm that can serve this problem"
+
+
+def choose_algorithm_for(problem: ConvProblem, backend: str) -> Choice:
+    """:func:`choose_algorithm` for a validated problem and a backend name."""
+    from .api import serving_algorithms
+
+    candidates = serving_algorithms(backend, problem)
+    if not candidates:
+        raise NotImplementedError(f"no algorithm of the {backend} backend serves {problem.describe()}")
+    algo, reason = _cost_model(problem, backend, candidates)
+    return Choice(algo, reason, tuple(candidates))
+
+
+def choose_algorithm(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, device=None) -> Choice:
+    """What ``conv2d(..., algo="auto")`` would run for these arguments, and why.
+
+    Parameters
+    ----------
+    x, w, bias, stride, padding, dilation, groups, device
+        As in :func:`convlib.conv2d`. Only shapes, dtypes and where the data lives are read.
+
+    Returns
+    -------
+    Choice
+        The algorithm, the reason and the candidates.
+
+    Notes
+    -----
+    Rules, in order:
+
+    1. Only algorithms that can serve the problem are candidates (Winograd needs 3x3, stride 1,
+       dilation 1).
+    2. Thin GEMMs (``C/groups * R * S <= 72`` or fewer than 16 output channels per group, e.g.
+       the seed thesis' C=K=4 images or depthwise layers) go to ``direct``: they are bound by memory
+       traffic and direct convolution reads the image once and writes the output once.
+    3. Otherwise the GEMM-based algorithm that measured fastest on the backend: ``blis`` on the
+       CPU, ``im2col`` on devices.
+    """
+    from .api import build_problem
+
+    problem = build_problem(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    from .backends import resolve_device
+
+    target = resolve_device(device, x, w, bias)
+    return choose_algorithm_for(problem, target.backend.name)
