@@ -1,6 +1,7 @@
 """(backend, algorithm) -> implementation module, imported lazily.
 
-Every implementation module exposes the same two names:
+Every implementation (a module, or an object named ``"module:attribute"``) exposes the same two
+names:
 
 ``supports(problem) -> str | None``
     None when the module can serve ``problem``, else the reason it cannot (one sentence).
@@ -34,6 +35,9 @@ _IMPLEMENTATIONS: dict[tuple[str, str], str] = {
     ("cuda", "direct"): "convlib.cuda.direct",
     ("cuda", "im2col"): "convlib.cuda.im2col",
     ("cuda", "blis"): "convlib.cuda.blis",
+    ("cpu", "winograd"): "convlib.cpu.winograd:F4",
+    ("cpu", "winograd2"): "convlib.cpu.winograd:F2",
+    ("cpu", "winograd4"): "convlib.cpu.winograd:F4",
 }
 
 
@@ -54,5 +58,7 @@ def pairs() -> list[tuple[str, str]]:
 
 
 def implementation(backend: str, algo: str):
-    """The implementation module of ``algo`` on ``backend`` (imported on first use)."""
-    return importlib.import_module(_IMPLEMENTATIONS[(backend, algo)])
+    """The implementation of ``algo`` on ``backend`` (imported on first use)."""
+    module, _, attr = _IMPLEMENTATIONS[(backend, algo)].partition(":")
+    loaded = importlib.import_module(module)
+    return getattr(loaded, attr) if attr else loaded
