@@ -11,9 +11,11 @@ Public names: :func:`conv2d`, :func:`algorithms`, :func:`devices`, :func:`choose
 """
 
 from .api import algorithms, build_problem, conv2d, devices
+from .config import option_context, options
 from .problem import ConvProblem
 from .select import Choice, choose_algorithm
 
 __version__ = "0.1.0"
 
-__all__ = ["conv2d", "algorithms", "devices", "choose_algorithm", "Choice", "ConvProblem", "build_problem"]
+__all__ = ["conv2d", "algorithms", "devices", "choose_algorithm", "Choice", "ConvProblem", "build_problem",
+           "options", "option_context"]

@@ -16,8 +16,10 @@ import numpy as np
 
 SUPPORTED_DTYPES = ("float32", "float64")
 
-#: Default cap on the im2col workspace (the column matrix of one batch chunk), in bytes.
+#: Default cap on im2col's column matrix, in bytes; the live value is
+#: ``convlib.options.im2col_workspace_cap`` (see :mod:`convlib.config`).
 IM2COL_WORKSPACE_CAP = 256 * 2**20
+
 
 
 @dataclass(frozen=True)
@@ -156,18 +158,22 @@ class ConvProblem:
         """3x3 filter, stride 1, dilation 1: the shapes Winograd F(m x m, 3x3) serves."""
         return (self.R, self.S) == (3, 3) and self.stride == (1, 1) and self.dilation == (1, 1)
 
-    def im2col_batch_chunk(self, cap_bytes: int = IM2COL_WORKSPACE_CAP) -> int:
+    def im2col_batch_chunk(self, cap_bytes: int | None = None) -> int:
         """Images per im2col chunk so that one chunk's column matrix fits in ``cap_bytes``.
 
-        Always at least 1: a single image whose column matrix exceeds the cap is still served
-        (the cap then bounds the chunk, not the image).
+        ``cap_bytes`` defaults to ``convlib.options.im2col_workspace_cap`` (256 MiB). Always at
+        least 1: a single image whose column matrix exceeds the cap is still served.
         """
+        if cap_bytes is None:
+            from .config import options
+
+            cap_bytes = options.im2col_workspace_cap
         per_image = self.C * self.R * self.S * self.P * self.Q * self.itemsize
         if per_image == 0 or self.N == 0:
             return max(self.N, 1)
         return max(1, min(self.N, cap_bytes // per_image))
 
-    def workspace_bytes(self, algo: str, cap_bytes: int = IM2COL_WORKSPACE_CAP) -> int:
+    def workspace_bytes(self, algo: str, cap_bytes: int | None = None) -> int:
         """Temporary memory an algorithm allocates beyond x, w, bias and y.
 
         Parameters
@@ -175,8 +181,8 @@ class ConvProblem:
         algo : str
             ``"direct"``, ``"im2col"``, ``"blis"``, ``"winograd"`` (F(4x4,3x3)),
             ``"winograd2"`` (F(2x2,3x3)) or ``"winograd4"``.
-        cap_bytes : int
-            im2col's chunk cap.
+        cap_bytes : int, optional
+            im2col's chunk cap (default ``convlib.options.im2col_workspace_cap``).
         """
         isz = self.itemsize
         padded = self.N * self.C * (self.H + self.padding[0] + self.padding[1]) * (

@@ -1,0 +1,68 @@
+"""Library-wide options a user may change at run time.
+
+>>> import convlib
+>>> convlib.options.im2col_workspace_cap = 64 * 2**20       # bytes
+>>> with convlib.option_context(im2col_workspace_cap=16 * 2**20):
+...     pass                                                # temporarily 16 MiB
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+
+from .problem import IM2COL_WORKSPACE_CAP
+
+
+def _env_mib(name: str, default_mib: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default_mib * 2**20
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} must be a number of MiB") from None
+    if value <= 0:
+        raise ValueError(f"environment variable {name}={raw!r} must be a positive number of MiB")
+    return int(value * 2**20)
+
+
+@dataclass
+class Options:
+    """Run-time options.
+
+    Attributes
+    ----------
+    im2col_workspace_cap : int
+        Upper bound, in bytes, on im2col's column matrix: the batch is processed in chunks of
+        images whose column matrices fit (at least one image per chunk). Default 256 MiB, or the
+        environment variable ``CONVLIB_IM2COL_WORKSPACE_MB`` (MiB) when set at import.
+    """
+
+    im2col_workspace_cap: int = IM2COL_WORKSPACE_CAP
+
+    def __setattr__(self, name, value):
+        if name == "im2col_workspace_cap" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"im2col_workspace_cap={value!r} must be a positive int (bytes)")
+        object.__setattr__(self, name, value)
+
+
+options = Options(im2col_workspace_cap=_env_mib("CONVLIB_IM2COL_WORKSPACE_MB", IM2COL_WORKSPACE_CAP // 2**20))
+
+
+@contextmanager
+def option_context(**changes):
+    """Set options for the duration of a ``with`` block, then restore them."""
+    known = {f.name for f in fields(Options)}
+    unknown = set(changes) - known
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)}; known options are {sorted(known)}")
+    saved = {name: getattr(options, name) for name in changes}
+    try:
+        for name, value in changes.items():
+            setattr(options, name, value)
+        yield options
+    finally:
+        for name, value in saved.items():
+            object.__setattr__(options, name, value)
