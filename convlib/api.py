@@ -69,9 +69,10 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
         Added to every output of channel k.
     stride : int or (int, int), default 1
         Step between output pixels, each >= 1.
-    padding : int or (int, int) or {"valid", "same"}, default 0
-        Zero padding on each side (top/bottom, left/right). ``"same"`` (stride 1 only) keeps
-        ``P = H`` and ``Q = W``, padding one more at the bottom/right when the total is odd.
+    padding : int or (int, int) or (int, int, int, int) or {"valid", "same"}, default 0
+        Zero padding: the same on every side, ``(pad_h, pad_w)``, or ``(top, bottom, left,
+        right)``. ``"same"`` (stride 1 only) keeps ``P = H`` and ``Q = W``, padding one more at the
+        bottom/right when the total is odd (as PyTorch does).
     dilation : int or (int, int), default 1
         Spacing between filter taps, each >= 1.
     groups : int, default 1

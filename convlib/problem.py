@@ -252,6 +252,13 @@ def _padding(value, R: int, S: int, stride, dilation) -> tuple[int, int, int, in
             th, tw = dilation[0] * (R - 1), dilation[1] * (S - 1)
             return (th // 2, th - th // 2, tw // 2, tw - tw // 2)
         raise ValueError(f"padding={value!r}: allowed strings are 'valid' and 'same'")
+    if isinstance(value, (tuple, list)) and len(value) == 4:
+        allowed = "an int >= 0, a pair (pad_h, pad_w), four ints (top, bottom, left, right) >= 0, 'valid' or 'same'"
+        if not all(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in value):
+            raise TypeError(f"padding={value!r}: padding must be {allowed}")
+        if min(value) < 0:
+            raise ValueError(f"padding={value!r}: padding must be {allowed}")
+        return tuple(int(v) for v in value)
     top_left = _int_pair("padding", value, 0)
     return (top_left[0], top_left[0], top_left[1], top_left[1])
 

@@ -1,0 +1,45 @@
+"""Shared fixtures: which (backend, algorithm) pairs can run here, and on which device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from convlib import registry
+from convlib.backends import get_backend
+
+
+def device_for(backend: str) -> str:
+    """The ``device=`` string tests use for ``backend``; skips when the backend is not installed.
+
+    Each backend's own test module decides when absence is a failure (e.g. the SYCL tests fail
+    when the ``sycl`` extra is installed but no device is found); here it is a skip.
+    """
+    if backend == "cpu":
+        return "cpu"
+    try:
+        reason = get_backend(backend).unavailable_reason()
+    except ImportError as exc:  # the backend module itself cannot import
+        reason = str(exc)
+    if reason is not None:
+        pytest.skip(f"{backend} backend unavailable: {reason}")
+    return get_backend(backend).device_names()[0]
+
+
+def random_arrays(rng, problem, *, with_bias=None):
+    """x, w, bias drawn from N(0, 1) for ``problem`` (bias per ``problem.has_bias``)."""
+    dt = problem.dtype
+    x = rng.standard_normal(problem.x_shape).astype(dt)
+    w = rng.standard_normal(problem.w_shape).astype(dt)
+    has_bias = problem.has_bias if with_bias is None else with_bias
+    b = rng.standard_normal(problem.K).astype(dt) if has_bias else None
+    return x, w, b
+
+
+def all_pairs():
+    return [pytest.param(b, a, id=f"{b}-{a}") for b, a in registry.pairs()]
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20261121)
