@@ -23,6 +23,9 @@ def _as_array(name, arr):
 
 def build_problem(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1) -> ConvProblem:
     """The validated :class:`~convlib.problem.ConvProblem` for these arguments (no computation)."""
+    for name, arr in (("x", x), ("w", w)):
+        if arr is None:
+            raise TypeError(f"{name}=None is not an array; pass a numpy (or device) array")
     x, w, bias = _as_array("x", x), _as_array("w", w), _as_array("bias", bias)
     for name, arr in (("x", x), ("w", w), ("bias", bias)):
         if arr is not None and not hasattr(arr, "shape"):

@@ -168,7 +168,10 @@ def resolve_device(device, x, w, bias) -> ResolvedDevice:
         raise ValueError(f"x, w and bias live on different backends ({described}); put them on one device")
     data_backend = data_backends.pop() if data_backends else "cpu"
     name = data_backend if device is None else _spec_backend(device)
-    backend = get_backend(name)
+    try:
+        backend = get_backend(name)
+    except ImportError as exc:
+        raise BackendUnavailable(f"device={device!r} needs the {name} backend, which cannot be imported: {exc}") from None
     reason = backend.unavailable_reason()
     if reason is not None:
         raise BackendUnavailable(f"device={device!r} needs the {name} backend, which is unavailable: {reason}")
