@@ -122,7 +122,7 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
     if algo == "auto":
         from .select import choose_algorithm_for
 
-        algo = choose_algorithm_for(problem, backend.name).algo
+        algo = choose_algorithm_for(problem, backend.name, backend.name if device is None else str(device)).algo
     else:
         reason = unsupported_reason(backend.name, algo, problem)
         if reason is not None:

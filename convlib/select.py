@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import registry
+from . import tuning
 from .problem import ConvProblem
 
 
@@ -53,29 +53,61 @@ def _cost_model(problem: ConvProblem, backend: str, candidates: list[str]) -> tu
     return candidates[0], "the first algorithm that can serve this problem"
 
 
-def choose_algorithm_for(problem: ConvProblem, backend: str) -> Choice:
-    """:func:`choose_algorithm` for a validated problem and a backend name."""
+def choose_algorithm_for(problem: ConvProblem, backend: str, device_key: str | None = None) -> Choice:
+    """:func:`choose_algorithm` for a validated problem and a backend name.
+
+    A choice measured earlier for this problem and device (``measure=True``) wins over the model.
+    """
     from .api import serving_algorithms
 
     candidates = serving_algorithms(backend, problem)
     if not candidates:
         raise NotImplementedError(f"no algorithm of the {backend} backend serves {problem.describe()}")
+    remembered = _remembered().get(tuning.problem_key(problem, device_key or backend))
+    if remembered is not None and remembered["algo"] in candidates:
+        return Choice(remembered["algo"], "measured fastest on this machine (tuning cache)",
+                      tuple(candidates), dict(remembered.get("timings", {})))
     algo, reason = _cost_model(problem, backend, candidates)
     return Choice(algo, reason, tuple(candidates))
 
 
-def choose_algorithm(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, device=None) -> Choice:
+_REMEMBERED: dict | None = None
+
+
+def _remembered() -> dict:
+    # Read the tuning file once per process; measure=True keeps this copy current.
+    global _REMEMBERED
+    if _REMEMBERED is None:
+        _REMEMBERED = tuning.load()
+    return _REMEMBERED
+
+
+def forget_measurements() -> None:
+    """Drop this process' copy of the tuning cache (it is read again on next use)."""
+    global _REMEMBERED
+    _REMEMBERED = None
+
+
+def choose_algorithm(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, device=None,
+                     measure=False, repeats=5) -> Choice:
     """What ``conv2d(..., algo="auto")`` would run for these arguments, and why.
 
     Parameters
     ----------
     x, w, bias, stride, padding, dilation, groups, device
         As in :func:`convlib.conv2d`. Only shapes, dtypes and where the data lives are read.
+    measure : bool, default False
+        Time every candidate on random data of this shape (``repeats`` interleaved calls after a
+        warm-up, median), pick the fastest and remember it in the tuning cache
+        (:mod:`convlib.tuning`): later ``algo="auto"`` calls on this problem and device, in this
+        process and later ones, use the measured winner.
+    repeats : int, default 5
+        Timed calls per candidate when measuring.
 
     Returns
     -------
     Choice
-        The algorithm, the reason and the candidates.
+        The algorithm, the reason, the candidates and (when measured) the median timings.
 
     Notes
     -----
@@ -83,16 +115,29 @@ def choose_algorithm(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups
 
     1. Only algorithms that can serve the problem are candidates (Winograd needs 3x3, stride 1,
        dilation 1).
-    2. Thin GEMMs (``C/groups * R * S <= 72`` or fewer than 16 output channels per group, e.g.
+    2. A winner measured earlier for this problem and device (``measure=True``) is used.
+    3. Thin GEMMs (``C/groups * R * S <= 72`` or fewer than 16 output channels per group, e.g.
        the seed thesis' C=K=4 images or depthwise layers) go to ``direct``: they are bound by memory
        traffic and direct convolution reads the image once and writes the output once.
-    3. Otherwise the GEMM-based algorithm that measured fastest on the backend: ``blis`` on the
+    4. Otherwise the GEMM-based algorithm that measured fastest on the backend: ``blis`` on the
        CPU, ``im2col`` on devices.
     """
     from .api import build_problem
-
-    problem = build_problem(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
     from .backends import resolve_device
 
+    problem = build_problem(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
     target = resolve_device(device, x, w, bias)
-    return choose_algorithm_for(problem, target.backend.name)
+    device_key = target.backend.name if device is None else str(device)
+    if not measure:
+        return choose_algorithm_for(problem, target.backend.name, device_key)
+    from .api import serving_algorithms
+
+    candidates = serving_algorithms(target.backend.name, problem)
+    timings = tuning.time_algorithms(problem, candidates, device if device is not None else target.backend.name,
+                                     repeats=repeats)
+    best = min(timings, key=timings.get)
+    key = tuning.problem_key(problem, device_key)
+    tuning.store(key, best, timings)
+    _remembered()[key] = {"algo": best, "timings": timings}
+    return Choice(best, f"measured fastest of {len(candidates)} candidates ({timings[best] * 1e3:.3g} ms)",
+                  tuple(candidates), timings)

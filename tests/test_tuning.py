@@ -1,0 +1,77 @@
+"""choose_algorithm(measure=True) and the tuning cache: remembered, versioned, never trusted blindly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import convlib
+from convlib import select, tuning
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVLIB_CACHE_DIR", str(tmp_path))
+    select.forget_measurements()
+    yield tmp_path
+    select.forget_measurements()
+
+
+def _arrays():
+    return np.ones((1, 4, 10, 10), np.float32), np.ones((8, 4, 3, 3), np.float32)
+
+
+def test_measure_times_candidates_and_remembers(cache_dir):
+    x, w = _arrays()
+    choice = convlib.choose_algorithm(x, w, padding=1, measure=True, repeats=1)
+    assert set(choice.timings) == set(choice.candidates) and choice.algo in choice.candidates
+    assert choice.timings[choice.algo] == min(choice.timings.values())
+    data = json.loads((cache_dir / "tuning.json").read_text())
+    assert data["format"] == tuning.FORMAT_VERSION and len(data["entries"]) == 1
+    # A new process (simulated by forgetting the in-memory copy) reads the winner from the file.
+    select.forget_measurements()
+    again = convlib.choose_algorithm(x, w, padding=1)
+    assert again.algo == choice.algo and "tuning cache" in again.reason
+
+
+def test_auto_follows_the_remembered_choice(cache_dir):
+    x, w = _arrays()
+    problem = convlib.build_problem(x, w, padding=1)
+    tuning.store(tuning.problem_key(problem, "cpu"), "im2col", {"im2col": 1.0})
+    select.forget_measurements()
+    assert convlib.choose_algorithm(x, w, padding=1).algo == "im2col"
+    assert convlib.choose_algorithm(x, w, padding=2).reason != "measured fastest on this machine (tuning cache)"
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps([1, 2]), json.dumps({"format": 999, "entries": {}})])
+def test_corrupt_or_foreign_cache_is_ignored(cache_dir, content):
+    (cache_dir / "tuning.json").write_text(content)
+    x, w = _arrays()
+    with pytest.warns(RuntimeWarning) if content.startswith("{not") else _no_warning():
+        choice = convlib.choose_algorithm(x, w, padding=1)
+    assert "tuning cache" not in choice.reason
+    # ... and a measurement replaces it with a valid file.
+    convlib.choose_algorithm(x, w, padding=1, measure=True, repeats=1)
+    assert json.loads((cache_dir / "tuning.json").read_text())["format"] == tuning.FORMAT_VERSION
+
+
+def test_remembered_algo_that_cannot_serve_is_not_used(cache_dir):
+    x, w = _arrays()
+    problem = convlib.build_problem(x, w, stride=2)
+    tuning.store(tuning.problem_key(problem, "cpu"), "winograd", {"winograd": 1.0})
+    select.forget_measurements()
+    assert convlib.choose_algorithm(x, w, stride=2).algo != "winograd"
+
+
+class _no_warning:
+    def __enter__(self):
+        import warnings
+
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        warnings.simplefilter("error")
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
