@@ -1,0 +1,432 @@
+"""BLIS/GotoBLAS five-loop GEMM convolution with implicit im2col (numba, CPU).
+
+The GEMM view, per group ``g``: ``Y_g (M x Ngemm) = A_g (M x Kgemm) @ B_g (Kgemm x Ngemm)`` with
+
+* ``M = K/groups`` rows: output channels of the group; ``A_g`` is the filters, row ``k`` being
+  ``w[g*M + k]`` flattened in ``(c, r, s)`` order (``w`` is already laid out that way);
+* ``Ngemm = N*P*Q`` columns: output pixels ``(n, p, q)`` of the whole batch, in that order;
+* ``Kgemm = C/groups*R*S`` taps ``(c, r, s)``; ``B_g[(c, r, s), (n, p, q)]`` is the input value
+  ``x[n, g*C/groups + c, p*sh - top + r*dh, q*sw - left + s*dw]``, zero in the padding.
+
+``B_g`` is the im2col matrix, but it is never built: the packing routine reads its blocks
+straight from the NCHW image. The five loops (names and sizes from :mod:`convlib.cpu.blocking`)::
+
+    for jc in 0..Ngemm step NC:            # columns (pixels) of this thread
+      for pc in 0..Kgemm step KC:
+        pack_b_from_image  -> Bc (KC x NC)   # implicit im2col
+        for ic in 0..M step MC:            # rows (output channels) of this thread
+          pack_a_from_filters -> Ac (MC x KC)
+          for jr in 0..NC step NR:
+            for ir in 0..MC step MR:
+              micro_kernel: Y[ir:ir+MR, jr:jr+NR] (+)= Ac sliver @ Bc sliver
+
+Packed layouts (both zero-padded to whole register tiles):
+
+* ``Bc``: ``NC/NR`` panels one after another, each ``kc x NR`` row-major: element
+  ``(p, jr + j)`` at ``(jr/NR)*kc*NR + p*NR + j``. The micro-kernel reads one NR-row per
+  reduction step with NR/16 contiguous vector loads. Packing walks, per tap, the runs of
+  consecutive output columns ``q`` of one output row that fall in one panel; the columns that read
+  inside the image form one clipped range, copied by a plain (vectorised, for stride 1) loop, the
+  rest are zero-filled: no per-element padding test.
+* ``Ac``: ``MC/MR`` panels, each ``kc x MR``: element ``(ir + i, p)`` at ``(ir/MR)*MR*kc + p*MR + i``;
+  the micro-kernel broadcasts ``MR`` consecutive values per step.
+
+The micro-kernel keeps its ``MR x NR`` accumulators in a stack buffer
+(:func:`~convlib.cpu.stack_buffer.stack_array_2d`) that LLVM turns into zmm registers (6x64
+float32: 24 accumulators, 4 vector loads of B, 6 broadcasts of A, 24 ``vfmadd231ps`` per step).
+Its ``MR`` rows are unrolled in the source, generated from :data:`_MICRO_KERNEL_TEMPLATE`; it is
+stored straight into ``y`` (whose rows are NR contiguous pixels of one image, adding the bias on
+the first ``pc`` block, accumulating on the others). A tile that is not whole (last rows or
+columns of the thread's range) or whose columns straddle two images goes through a per-thread
+``MR x NR`` edge tile that :func:`store_edge_tile` copies out in runs of one image.
+
+Threads: one ``prange`` iteration per thread, each owning a rectangle of the ``M x Ngemm`` output
+(of every group) and its own ``Ac``, ``Bc`` and edge tile, so the threads never wait for each
+other: one parallel region per call, no barrier inside the loops (a ``prange`` per ``pc`` block
+would cost a fork/join hundreds of times per layer). :func:`thread_split` picks the rectangle
+grid (``m_parts x n_parts``) that minimises the busiest thread's micro-tiles plus packing: columns
+for large images (each thread packs only its own pixels; A is small and re-packed), rows when the
+image is small (e.g. 7x7x512, where splitting 392 pixels would leave half-empty tiles). Workspace:
+``threads * (MC*KC + KC*NC + MR*NR)`` elements (clipped to the problem), whatever N, H, W are;
+:meth:`~convlib.cpu.blocking.BlisBlocking.workspace_bytes` reports exactly what is allocated.
+
+Compile cost: the driver is specialised (``lru_cache``) on the block sizes of
+:mod:`convlib.cpu.blocking` and, through the array types, on the dtype; shapes, strides, padding,
+dilation and groups are run-time values, so a new problem shape costs nothing. Everything is
+compiled with ``cache=True``: the micro-kernel is ``exec``-generated inside an ``@overload``, and
+is compiled into (and cached with) the driver that calls it, so a new process loads it from the
+disk cache (~1 s) instead of compiling (~10-20 s per dtype). Editing the template does not
+invalidate that cache (numba checks only the caller's bytecode): clear ``__pycache__`` after.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import namedtuple
+
+import numpy as np
+from numba import get_num_threads, njit, prange, types
+from numba.extending import overload
+
+from ..problem import ConvProblem
+from .blocking import BlisBlocking, blis_blocking
+from .stack_buffer import stack_array_2d
+
+#: The sizes the kernels need, as one numba-friendly (homogeneous int) named tuple.
+ConvGeometry = namedtuple(
+    "ConvGeometry",
+    "batch channels height width out_channels filter_h filter_w out_h out_w "
+    "stride_h stride_w pad_top pad_left dil_h dil_w groups gemm_m gemm_k gemm_n",
+)
+
+
+def geometry_of(problem: ConvProblem) -> ConvGeometry:
+    """The :class:`ConvGeometry` of ``problem``."""
+    p = problem
+    return ConvGeometry(
+        p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, p.stride[0], p.stride[1],
+        p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], p.groups, p.gemm_m, p.gemm_k, p.gemm_n,
+    )
+
+
+def supports(problem: ConvProblem) -> str | None:
+    """blis serves every valid problem."""
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# Micro-kernel: generated per (MR, NR) from a template whose per-row lines are repeated MR times.
+# ------------------------------------------------------------------------------------------
+_PER_ROW = "#: per row"
+
+_MICRO_KERNEL_TEMPLATE = f'''
+def micro_kernel_{{MR}}x{{NR}}(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, MR, NR):
+    acc = stack_array_2d({{MR}}, {{NR}}, c.dtype)
+    for j in range({{NR}}):
+        acc[{{i}}, j] = 0                                        {_PER_ROW}
+    for p in range(kc):
+        ap = a_off + p * {{MR}}
+        bp = b_off + p * {{NR}}
+        a{{i}} = a[ap + {{i}}]                                     {_PER_ROW}
+        for j in range({{NR}}):
+            bj = b[bp + j]
+            acc[{{i}}, j] += a{{i}} * bj                           {_PER_ROW}
+    if mode == ACCUMULATE:
+        for j in range({{NR}}):
+            c[c_off + {{i}} * ldc + j] += acc[{{i}}, j]            {_PER_ROW}
+    elif mode == STORE_WITH_BIAS:
+        bias{{i}} = bias[bias_off + {{i}}]                         {_PER_ROW}
+        for j in range({{NR}}):
+            c[c_off + {{i}} * ldc + j] = acc[{{i}}, j] + bias{{i}}  {_PER_ROW}
+    else:
+        for j in range({{NR}}):
+            c[c_off + {{i}} * ldc + j] = acc[{{i}}, j]             {_PER_ROW}
+'''
+
+#: How the micro-kernel writes its tile: the first ``pc`` block stores (adding the bias when there
+#: is one), the later ones accumulate.
+STORE, STORE_WITH_BIAS, ACCUMULATE = 0, 1, 2
+
+
+def render_micro_kernel(MR: int, NR: int) -> str:
+    """Source of the ``MR x NR`` micro-kernel: template lines marked per row repeated MR times."""
+    lines = []
+    for line in _MICRO_KERNEL_TEMPLATE.splitlines():
+        if line.endswith(_PER_ROW):
+            body = line[: -len(_PER_ROW)].rstrip()
+            lines.extend(body.format(i=i, MR=MR, NR=NR) for i in range(MR))
+        else:
+            lines.append(line.format(MR=MR, NR=NR))
+    return "\n".join(lines) + "\n"
+
+
+@functools.lru_cache(maxsize=None)
+def _micro_kernel_function(MR: int, NR: int):
+    namespace = {
+        "stack_array_2d": stack_array_2d,
+        "ACCUMULATE": ACCUMULATE,
+        "STORE_WITH_BIAS": STORE_WITH_BIAS,
+    }
+    exec(compile(render_micro_kernel(MR, NR), f"<convlib blis micro_kernel_{MR}x{NR}>", "exec"), namespace)
+    return namespace[f"micro_kernel_{MR}x{NR}"]
+
+
+def micro_kernel(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, MR, NR):
+    """``c[c_off + i*ldc + j] (+)= sum_p a[a_off + p*MR + i] * b[b_off + p*NR + j]`` (+ bias).
+
+    For ``i < MR``, ``j < NR``, ``p < kc``; ``mode`` is :data:`STORE`, :data:`STORE_WITH_BIAS`
+    (adds ``bias[bias_off + i]``) or :data:`ACCUMULATE`. ``MR`` and ``NR`` must be compile-time
+    constants (literals or closure constants of a jitted caller). Callable from jitted code only.
+    """
+    raise NotImplementedError("micro_kernel is called from numba-compiled code only")
+
+
+@overload(micro_kernel, prefer_literal=True, jit_options={"fastmath": {"contract"}})
+def _micro_kernel_overload(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, MR, NR):
+    if not (isinstance(MR, types.IntegerLiteral) and isinstance(NR, types.IntegerLiteral)):
+        return None  # numba retries with the literal types
+    return _micro_kernel_function(MR.literal_value, NR.literal_value)
+
+
+# ------------------------------------------------------------------------------------------
+# Packing
+# ------------------------------------------------------------------------------------------
+@njit(cache=True)
+def pack_a_from_filters(
+    w,  # IN  (K * C/groups * R * S,) the filters, flat
+    row0,  # first filter row (output channel, counted over all groups) of the block
+    mc, pc, kc, gemm_k, MR,
+    Ac,  # OUT (>= ceil(mc/MR)*MR*kc,) panels of kc x MR
+):
+    """Pack rows ``row0 .. row0+mc`` and taps ``pc .. pc+kc`` of the filter matrix into ``Ac``."""
+    for ip in range((mc + MR - 1) // MR):
+        panel = ip * MR * kc
+        for i in range(MR):
+            row = ip * MR + i
+            if row < mc:
+                src = (row0 + row) * gemm_k + pc
+                for p in range(kc):
+                    Ac[panel + p * MR + i] = w[src + p]
+            else:
+                for p in range(kc):
+                    Ac[panel + p * MR + i] = 0
+
+
+@njit(cache=True)
+def pack_b_from_image(
+    x,  # IN  (N * C * H * W,) the image, flat NCHW
+    geo,  # IN  ConvGeometry
+    group, jc, nc, pc, kc, NR,
+    Bc,  # OUT (>= ceil(nc/NR)*kc*NR,) panels of kc x NR
+):
+    """Pack columns ``jc .. jc+nc`` (output pixels) and rows ``pc .. pc+kc`` (taps) of the
+    implicit im2col matrix of ``group`` into ``Bc``, reading the image directly."""
+    H, W, P, Q = geo.height, geo.width, geo.out_h, geo.out_w
+    sh, sw = geo.stride_h, geo.stride_w
+    plane = H * W
+    image = geo.channels * plane
+    PQ = P * Q
+    RS = geo.filter_h * geo.filter_w
+    channel0 = group * (geo.channels // geo.groups)
+    # Tap pc and pixel jc, decoded once; both then advance by carries, not divisions.
+    c = pc // RS
+    r = (pc - c * RS) // geo.filter_w
+    s = pc - c * RS - r * geo.filter_w
+    n0 = jc // PQ
+    oh0 = (jc - n0 * PQ) // Q
+    ow0 = jc - n0 * PQ - oh0 * Q
+    panel_size = kc * NR
+    for p in range(kc):
+        tap_plane = (channel0 + c) * plane
+        row_off = r * geo.dil_h - geo.pad_top
+        col_off = s * geo.dil_w - geo.pad_left
+        # Output columns q whose input column q*sw + col_off lies inside [0, W).
+        q_lo = min(Q, max(0, (-col_off + sw - 1) // sw))
+        q_hi = max(q_lo, min(Q, (W - 1 - col_off) // sw + 1))
+        n, oh, ow = n0, oh0, ow0
+        row_start = p * NR  # row p of the current panel
+        in_panel = 0
+        done = 0
+        while done < nc:
+            # A run of pixels in one output row and one panel.
+            run = min(Q - ow, NR - in_panel, nc - done)
+            dst = row_start + in_panel
+            ih = oh * sh + row_off
+            if ih < 0 or ih >= H:
+                for t in range(run):
+                    Bc[dst + t] = 0
+            else:
+                lo = min(run, max(0, q_lo - ow))
+                hi = max(lo, min(run, q_hi - ow))
+                src = n * image + tap_plane + ih * W + ow * sw + col_off
+                for t in range(lo):
+                    Bc[dst + t] = 0
+                if sw == 1:
+                    for t in range(lo, hi):
+                        Bc[dst + t] = x[src + t]
+                else:
+                    for t in range(lo, hi):
+                        Bc[dst + t] = x[src + t * sw]
+                for t in range(hi, run):
+                    Bc[dst + t] = 0
+            done += run
+            in_panel += run
+            if in_panel == NR:
+                in_panel = 0
+                row_start += panel_size
+            ow += run
+            if ow == Q:
+                ow = 0
+                oh += 1
+                if oh == P:
+                    oh = 0
+                    n += 1
+        for t in range(in_panel, NR if in_panel else 0):  # zero columns past nc
+            Bc[row_start + t] = 0
+        s += 1
+        if s == geo.filter_w:
+            s = 0
+            r += 1
+            if r == geo.filter_h:
+                r = 0
+                c += 1
+
+
+@njit(cache=True)
+def store_edge_tile(
+    tile, NR,  # IN  (MR*NR,) the micro-kernel's result, rows of NR
+    geo, row0, mr, col0, nr, mode,
+    bias,  # IN  (K,) (read when mode == STORE_WITH_BIAS)
+    y,  # OUT (N * K * P * Q,) flat NCHW
+):
+    """Write rows ``< mr`` and columns ``< nr`` of ``tile`` to output channels ``row0 + i`` and
+    pixels ``col0 + j`` of ``y``, in runs that stay in one image."""
+    PQ = geo.out_h * geo.out_w
+    K = geo.out_channels
+    n = col0 // PQ
+    pq = col0 - n * PQ
+    done = 0
+    while done < nr:
+        run = min(nr - done, PQ - pq)
+        for i in range(mr):
+            dst = (n * K + row0 + i) * PQ + pq
+            src = i * NR + done
+            if mode == ACCUMULATE:
+                for t in range(run):
+                    y[dst + t] += tile[src + t]
+            else:
+                b = bias[row0 + i] if mode == STORE_WITH_BIAS else 0
+                for t in range(run):
+                    y[dst + t] = tile[src + t] + b
+        done += run
+        pq = 0
+        n += 1
+
+
+# ------------------------------------------------------------------------------------------
+# The five loops
+# ------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def blis_kernel(MC: int, KC: int, NC: int, MR: int, NR: int):
+    """The jitted driver for one row of the block-size table (any dtype, any problem shape)."""
+
+    @njit(parallel=True, cache=True)
+    def blis_conv2d(
+        x,  # IN  (N*C*H*W,) flat NCHW
+        w,  # IN  (K*C/groups*R*S,) flat
+        bias, has_bias,  # IN  (K,) or a dummy when has_bias is False
+        geo,  # IN  ConvGeometry
+        m_parts, n_parts,  # the threads' grid over the (M x Ngemm) output of each group
+        Ac_ws,  # SCRATCH (threads, >= mc*kc)
+        Bc_ws,  # SCRATCH (threads, >= kc*nc)
+        tile_ws,  # SCRATCH (threads, MR*NR)
+        y,  # OUT (N*K*P*Q,) flat NCHW
+    ):
+        M, Kg, Ng = geo.gemm_m, geo.gemm_k, geo.gemm_n
+        PQ = geo.out_h * geo.out_w
+        K = geo.out_channels
+        m_tiles = (M + MR - 1) // MR
+        n_tiles = (Ng + NR - 1) // NR
+        first_mode = STORE_WITH_BIAS if has_bias else STORE
+        for t in prange(Ac_ws.shape[0]):
+            Ac, Bc, tile = Ac_ws[t], Bc_ws[t], tile_ws[t]
+            mp, np_ = t // n_parts, t % n_parts
+            # Whole register tiles per thread; threads beyond the grid get an empty range.
+            m_lo = min(M, m_tiles * mp // m_parts * MR)
+            m_hi = min(M, m_tiles * (mp + 1) // m_parts * MR)
+            n_lo = min(Ng, n_tiles * np_ // n_parts * NR)
+            n_hi = min(Ng, n_tiles * (np_ + 1) // n_parts * NR)
+            for g in range(geo.groups):
+                for jc in range(n_lo, n_hi, NC):
+                    nc = min(NC, n_hi - jc)
+                    for pc in range(0, Kg, KC):
+                        kc = min(KC, Kg - pc)
+                        pack_b_from_image(x, geo, g, jc, nc, pc, kc, NR, Bc)
+                        mode = first_mode if pc == 0 else ACCUMULATE
+                        for ic in range(m_lo, m_hi, MC):
+                            mc = min(MC, m_hi - ic)
+                            pack_a_from_filters(w, g * M + ic, mc, pc, kc, Kg, MR, Ac)
+                            for jr in range(0, nc, NR):
+                                nr = min(NR, nc - jr)
+                                col = jc + jr
+                                n = col // PQ
+                                pq = col - n * PQ
+                                whole_columns = nr == NR and pq + NR <= PQ
+                                for ir in range(0, mc, MR):
+                                    mr = min(MR, mc - ir)
+                                    row = g * M + ic + ir
+                                    if whole_columns and mr == MR:
+                                        micro_kernel(kc, Ac, ir * kc, Bc, jr * kc, y, (n * K + row) * PQ + pq,
+                                                     PQ, mode, bias, row, MR, NR)
+                                    else:
+                                        micro_kernel(kc, Ac, ir * kc, Bc, jr * kc, tile, 0, NR, STORE,
+                                                     bias, 0, MR, NR)
+                                        store_edge_tile(tile, NR, geo, row, mr, col, nr, mode, bias, y)
+
+    return blis_conv2d
+
+
+# ------------------------------------------------------------------------------------------
+# Host side
+# ------------------------------------------------------------------------------------------
+#: Cost of packing one element, in FLOP-equivalents of micro-kernel work (for thread_split).
+PACK_COST_FLOPS = 16
+
+
+def thread_split(problem: ConvProblem, blocking: BlisBlocking, threads: int) -> tuple[int, int]:
+    """``(m_parts, n_parts)``, ``m_parts * n_parts == threads``: the grid of per-thread output
+    rectangles that minimises the busiest thread's micro-kernel FLOPs plus packing."""
+    b = blocking
+    m_tiles = -(-problem.gemm_m // b.MR)
+    n_tiles = -(-problem.gemm_n // b.NR)
+    best = None
+    for m_parts in range(1, threads + 1):
+        if threads % m_parts:
+            continue
+        n_parts = threads // m_parts
+        rows = -(-m_tiles // m_parts) * b.MR
+        cols = -(-n_tiles // n_parts) * b.NR
+        k = problem.gemm_k
+        compute = 2 * rows * cols * k
+        packing = k * cols + rows * k * -(-cols // b.NC)
+        cost = compute + PACK_COST_FLOPS * packing
+        if best is None or cost < best[0]:
+            best = (cost, m_parts, n_parts)
+    return best[1], best[2]
+
+
+def conv2d(problem: ConvProblem, x, w, bias, device=None):
+    """Convolution by the BLIS five-loop GEMM with implicit im2col (see the module docstring).
+
+    Parameters
+    ----------
+    problem : ConvProblem
+    x : numpy.ndarray, shape (N, C, H, W)
+    w : numpy.ndarray, shape (K, C // groups, R, S)
+    bias : numpy.ndarray, shape (K,), or None
+    device : None
+        Unused on the CPU.
+
+    Returns
+    -------
+    numpy.ndarray, shape (N, K, P, Q)
+    """
+    dtype = np.dtype(problem.dtype)
+    if problem.N == 0:
+        return np.empty(problem.y_shape, dtype)
+    b = blis_blocking(problem.dtype)
+    threads = get_num_threads()
+    mc, kc, nc = b.panel_sizes(problem)
+    Ac_ws = np.empty((threads, mc * kc), dtype)
+    Bc_ws = np.empty((threads, kc * nc), dtype)
+    tile_ws = np.empty((threads, b.MR * b.NR), dtype)
+    m_parts, n_parts = thread_split(problem, b, threads)
+    y = np.empty(problem.y_shape, dtype)
+    has_bias = bias is not None
+    bias_arr = np.ascontiguousarray(bias, dtype) if has_bias else np.zeros(1, dtype)
+    kernel = blis_kernel(b.MC, b.KC, b.NC, b.MR, b.NR)
+    kernel(
+        np.ascontiguousarray(x, dtype).reshape(-1), np.ascontiguousarray(w, dtype).reshape(-1),
+        bias_arr, has_bias, geometry_of(problem), m_parts, n_parts, Ac_ws, Bc_ws, tile_ws, y.reshape(-1),
+    )
+    return y
