@@ -101,26 +101,29 @@ _PER_ROW = "#: per row"
 
 _MICRO_KERNEL_TEMPLATE = f'''
 def micro_kernel_{{MR}}x{{NR}}(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, MR, NR):
+    # Unsigned indices: a signed one gets a negative-index wraparound test, which turns the
+    # vector loads of b into gathers and keeps the accumulators in memory.
+    a_base, b_base, c_base, ldc_u = uintp(a_off), uintp(b_off), uintp(c_off), uintp(ldc)
     acc = stack_array_2d({{MR}}, {{NR}}, c.dtype)
     for j in range({{NR}}):
-        acc[{{i}}, j] = 0                                        {_PER_ROW}
-    for p in range(kc):
-        ap = a_off + p * {{MR}}
-        bp = b_off + p * {{NR}}
-        a{{i}} = a[ap + {{i}}]                                     {_PER_ROW}
-        for j in range({{NR}}):
+        acc[{{i}}, j] = 0                                                  {_PER_ROW}
+    for p in range(uintp(kc)):
+        ap = a_base + p * uintp({{MR}})
+        bp = b_base + p * uintp({{NR}})
+        a{{i}} = a[ap + uintp({{i}})]                                        {_PER_ROW}
+        for j in range(uintp({{NR}})):
             bj = b[bp + j]
-            acc[{{i}}, j] += a{{i}} * bj                           {_PER_ROW}
+            acc[{{i}}, j] += a{{i}} * bj                                     {_PER_ROW}
     if mode == ACCUMULATE:
-        for j in range({{NR}}):
-            c[c_off + {{i}} * ldc + j] += acc[{{i}}, j]            {_PER_ROW}
+        for j in range(uintp({{NR}})):
+            c[c_base + uintp({{i}}) * ldc_u + j] += acc[{{i}}, j]            {_PER_ROW}
     elif mode == STORE_WITH_BIAS:
-        bias{{i}} = bias[bias_off + {{i}}]                         {_PER_ROW}
-        for j in range({{NR}}):
-            c[c_off + {{i}} * ldc + j] = acc[{{i}}, j] + bias{{i}}  {_PER_ROW}
+        bias{{i}} = bias[bias_off + {{i}}]                                   {_PER_ROW}
+        for j in range(uintp({{NR}})):
+            c[c_base + uintp({{i}}) * ldc_u + j] = acc[{{i}}, j] + bias{{i}}  {_PER_ROW}
     else:
-        for j in range({{NR}}):
-            c[c_off + {{i}} * ldc + j] = acc[{{i}}, j]             {_PER_ROW}
+        for j in range(uintp({{NR}})):
+            c[c_base + uintp({{i}}) * ldc_u + j] = acc[{{i}}, j]             {_PER_ROW}
 '''
 
 #: How the micro-kernel writes its tile: the first ``pc`` block stores (adding the bias when there
@@ -144,6 +147,7 @@ def render_micro_kernel(MR: int, NR: int) -> str:
 def _micro_kernel_function(MR: int, NR: int):
     namespace = {
         "stack_array_2d": stack_array_2d,
+        "uintp": np.uintp,
         "ACCUMULATE": ACCUMULATE,
         "STORE_WITH_BIAS": STORE_WITH_BIAS,
     }

@@ -71,13 +71,44 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-#: Block sizes per dtype. float64 halves NR (same bytes per vector register row).
+#: Block sizes per (instruction set, dtype), like BLIS's per-target configurations. The register
+#: tile fills about three quarters of the vector registers with accumulators: 6 rows x 4 zmm for
+#: AVX-512 (32 registers), 6 rows x 2 ymm for AVX2 (16 registers, as BLIS's Haswell kernels).
+#: float64 halves NR (same bytes per vector register row).
 BLIS_BLOCKING = {
-    "float32": BlisBlocking(MC=96, KC=384, NC=512, MR=6, NR=64),
-    "float64": BlisBlocking(MC=96, KC=256, NC=512, MR=6, NR=32),
+    ("avx512", "float32"): BlisBlocking(MC=96, KC=384, NC=512, MR=6, NR=64),
+    ("avx512", "float64"): BlisBlocking(MC=96, KC=256, NC=512, MR=6, NR=32),
+    ("avx2", "float32"): BlisBlocking(MC=96, KC=256, NC=1024, MR=6, NR=16),
+    ("avx2", "float64"): BlisBlocking(MC=96, KC=256, NC=512, MR=6, NR=8),
 }
 
 
-def blis_blocking(dtype: str) -> BlisBlocking:
-    """The :class:`BlisBlocking` for ``dtype`` (``"float32"`` or ``"float64"``)."""
-    return BLIS_BLOCKING[dtype]
+def host_isa() -> str:
+    """``"avx512"`` when the CPU numba compiles for has AVX-512F, else ``"avx2"``.
+
+    Follows ``NUMBA_CPU_FEATURES`` when it is set (as numba does), else the host's features as
+    LLVM sees them (a virtual machine may hide AVX-512 from a CPU that has it).
+    """
+    from numba.core import config
+
+    features = config.CPU_FEATURES
+    if not features:
+        import llvmlite.binding as llvm
+
+        features = llvm.get_host_cpu_features().flatten()
+    return "avx512" if "+avx512f" in features.split(",") else "avx2"
+
+
+def blis_blocking(dtype: str, isa: str | None = None) -> BlisBlocking:
+    """The :class:`BlisBlocking` for ``dtype`` (``"float32"`` or ``"float64"``) on ``isa``
+    (``"avx512"`` or ``"avx2"``; default: :func:`host_isa`)."""
+    return BLIS_BLOCKING[(isa or _host_isa_cached()), dtype]
+
+
+_HOST_ISA = []
+
+
+def _host_isa_cached() -> str:
+    if not _HOST_ISA:
+        _HOST_ISA.append(host_isa())
+    return _HOST_ISA[0]
