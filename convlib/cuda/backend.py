@@ -1,0 +1,331 @@
+"""The CUDA backend: which GPU, which stream, where the arrays live and how the result comes back.
+
+Device resolution (``device=``):
+
+* ``None`` with CUDA arrays (anything exporting ``__cuda_array_interface__``: CuPy, numba device
+  arrays, PyTorch CUDA tensors): the GPU they live on (PyTorch's ``.device.index``, CuPy's
+  ``.device.id``, else the current numba device).
+* ``"cuda"``: the GPU of the CUDA arrays if any, else device 0. ``"cuda:N"``: device N. A numba
+  device object (``numba.cuda.gpus[N]``) works too.
+
+Streams: the kernels run on the stream the input ``x`` was exported on (the CUDA array
+interface's ``stream`` entry, i.e. PyTorch's or CuPy's current stream), so results are ordered
+with the caller's own work without a host synchronisation. numpy inputs use numba's default stream.
+
+Results follow the input: numpy in -> numpy out (copied back). A CUDA array in -> a CUDA array of
+the same library out, with no host copy: the output (and every workspace) is allocated by that
+library's allocator (PyTorch's caching allocator, CuPy's memory pool), viewed by numba for the
+kernels, and the library's own array is returned. numba device arrays (and other exporters) get a
+numba device array back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..backends import Backend
+from .launch import cuda
+
+INSTALL_HINT = "install it with: pip install 'convlib[cuda]' (numba-cuda; it needs numba >= 0.60)"
+
+
+@functools.cache
+def _unavailable_reason() -> str | None:
+    if importlib.util.find_spec("numba_cuda") is None:
+        return f"numba-cuda is not installed; {INSTALL_HINT}"
+    if cuda is None:
+        return f"numba.cuda failed to import; {INSTALL_HINT}"
+    if simulator_active():
+        return None
+    try:
+        if not cuda.is_available():
+            return "numba-cuda finds no CUDA GPU or driver here (numba.cuda.detect() says why)"
+    except Exception as exc:  # noqa: BLE001
+        return f"the CUDA driver could not be initialised ({type(exc).__name__}: {exc})"
+    return None
+
+
+@functools.cache
+def simulator_active() -> bool:
+    """Whether numba-cuda runs its CPU simulator (``NUMBA_ENABLE_CUDASIM=1``)."""
+    from numba.cuda.core import config
+
+    return bool(config.ENABLE_CUDASIM)
+
+
+def is_cuda_array(arr) -> bool:
+    """Whether ``arr`` is a CUDA array (or, under the simulator, one of its fake device arrays)."""
+    if hasattr(arr, "__cuda_array_interface__"):
+        return True
+    return type(arr).__name__ == "FakeCUDAArray" and type(arr).__module__.startswith("numba")
+
+
+def _library(arr) -> str:
+    """``"torch"``, ``"cupy"`` or ``"numba"``: which library allocates arrays like ``arr``."""
+    mod = type(arr).__module__.split(".")[0]
+    return mod if mod in ("torch", "cupy") else "numba"
+
+
+def _array_device(arr) -> int | None:
+    """The GPU ordinal ``arr`` lives on, read from its own library where it says so."""
+    lib = _library(arr)
+    if lib == "torch":
+        return arr.device.index
+    if lib == "cupy":
+        return arr.device.id
+    gpu_data = getattr(arr, "gpu_data", None)
+    context = getattr(gpu_data, "context", None)
+    if context is not None:
+        return context.device.id
+    return None
+
+
+def _exported_stream(arr):
+    """The ``stream`` entry of ``arr``'s CUDA array interface (None when absent)."""
+    cai = getattr(arr, "__cuda_array_interface__", None)
+    return None if cai is None else cai.get("stream")
+
+
+@dataclass
+class CudaTarget:
+    """The resolved device handle passed to every CUDA algorithm.
+
+    Attributes
+    ----------
+    ordinal : int
+        The GPU's numba device id.
+    stream_ptr : int or None
+        The exported stream of ``x`` (1: legacy default, 2: per-thread default, else a handle);
+        None: numba's default stream.
+    library : str
+        Who allocates outputs and workspaces: ``"torch"``, ``"cupy"`` or ``"numba"``.
+    simulator : bool
+        numba-cuda's CPU simulator is running the kernels.
+    """
+
+    ordinal: int
+    stream_ptr: int | None
+    library: str
+    simulator: bool
+    _stream: object = field(default=None, repr=False)
+
+    # -- device and stream -------------------------------------------------------------------
+    def activate(self):
+        """A context manager that makes this GPU numba's current device."""
+        if self.simulator or (self.ordinal == 0 and len(cuda.gpus) == 1):
+            return contextlib.nullcontext()
+        return cuda.gpus[self.ordinal]
+
+    @property
+    def stream(self):
+        """The numba stream every launch of this call goes to."""
+        if self._stream is None:
+            self._stream = _numba_stream(self.stream_ptr, self.simulator)
+        return self._stream
+
+    @property
+    def stream_handle(self) -> int:
+        """The raw stream handle (0 for the legacy default stream), for CuPy."""
+        if self.stream_ptr in (None, 1):
+            return 0
+        handle = self.stream.handle
+        return int(getattr(handle, "value", handle) or 0)
+
+    @property
+    def multiprocessors(self) -> int:
+        return _multiprocessors(self.ordinal, self.simulator)
+
+    # -- memory ------------------------------------------------------------------------------
+    def empty(self, shape, dtype):
+        """An uninitialised C-contiguous device array, from the input's own allocator.
+
+        Returns a numba device array; when PyTorch or CuPy allocated it, their array is kept as
+        ``convlib_owner`` so that :meth:`CudaBackend.finish` can hand it back unchanged.
+        """
+        shape = tuple(int(s) for s in shape)
+        if self.library == "torch":
+            import torch
+
+            owner = torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name), device=f"cuda:{self.ordinal}")
+        elif self.library == "cupy":
+            import cupy
+
+            with cupy.cuda.Device(self.ordinal):
+                owner = cupy.empty(shape, dtype=dtype)
+        else:
+            return cuda.device_array(shape, dtype=dtype, stream=self.stream)
+        view = cuda.as_cuda_array(owner, sync=False)
+        view.convlib_owner = owner
+        return view
+
+
+@functools.cache
+def _multiprocessors(ordinal: int, simulator: bool) -> int:
+    if simulator:
+        return 1
+    with cuda.gpus[ordinal]:
+        return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+
+
+_STREAMS: dict = {}
+
+
+def _numba_stream(ptr, simulator: bool):
+    if simulator or ptr is None:
+        return cuda.default_stream()
+    if ptr == 1:
+        return cuda.legacy_default_stream()
+    if ptr == 2:
+        return cuda.per_thread_default_stream()
+    stream = _STREAMS.get(ptr)
+    if stream is None:
+        stream = _STREAMS[ptr] = cuda.external_stream(ptr)
+    return stream
+
+
+_COPY_KERNELS: dict = {}
+
+
+def _contiguous_copy(arr, target: CudaTarget):
+    """A C-contiguous device copy of the strided device array ``arr`` (a small kernel)."""
+    from .blocking import ELEMENTWISE_THREADS, SIMULATOR_ELEMENTWISE_THREADS
+
+    ndim = arr.ndim
+    kernel = _COPY_KERNELS.get(ndim)
+    if kernel is None:
+        kernel = _COPY_KERNELS[ndim] = _make_copy_kernel(ndim)
+    out = target.empty(arr.shape, arr.dtype)
+    flat = out.reshape(out.size)
+    threads = SIMULATOR_ELEMENTWISE_THREADS if target.simulator else ELEMENTWISE_THREADS
+    if out.size:
+        kernel[-(-out.size // threads), threads, target.stream](arr, flat)
+    return out
+
+
+def _make_copy_kernel(ndim: int):
+    if ndim == 1:
+        def copy1(src, dst):  # IN (n,) strided, OUT (n,)
+            i = cuda.grid(1)
+            if i < dst.size:
+                dst[i] = src[i]
+        return cuda.jit(copy1)
+
+    def copy4(src, dst):  # IN (a, b, c, d) strided, OUT (a*b*c*d,)
+        i = cuda.grid(1)
+        if i < dst.size:
+            d = i % src.shape[3]
+            rest = i // src.shape[3]
+            c = rest % src.shape[2]
+            rest //= src.shape[2]
+            b = rest % src.shape[1]
+            a = rest // src.shape[1]
+            dst[i] = src[a, b, c, d]
+    return cuda.jit(copy4)
+
+
+class CudaBackend(Backend):
+    """numba-cuda kernels on an NVIDIA GPU (or numba-cuda's simulator)."""
+
+    name = "cuda"
+
+    def unavailable_reason(self):
+        return _unavailable_reason()
+
+    def device_names(self):
+        if _unavailable_reason() is not None:
+            return []
+        return [f"cuda:{i}" for i in range(len(cuda.gpus))]
+
+    def claims_spec(self, spec):
+        if isinstance(spec, str):
+            s = spec.strip().lower()
+            return s == "cuda" or s.startswith("cuda:")
+        return type(spec).__module__.startswith("numba") and hasattr(spec, "compute_capability")
+
+    def owns(self, arr):
+        return is_cuda_array(arr)
+
+    def resolve(self, spec, arrays):
+        simulator = simulator_active()
+        on_gpu = [a for a in arrays if is_cuda_array(a)]
+        data_devices = {d for d in (_array_device(a) for a in on_gpu) if d is not None}
+        if len(data_devices) > 1:
+            raise ValueError(f"x, w and bias live on different GPUs {sorted(data_devices)}; put them on one device")
+        data_device = data_devices.pop() if data_devices else None
+        count = len(cuda.gpus)
+        if spec is None or (isinstance(spec, str) and spec.strip().lower() == "cuda"):
+            ordinal = data_device if data_device is not None else (0 if not on_gpu else _current_device(simulator))
+        elif isinstance(spec, str):
+            text = spec.strip().lower()[len("cuda:"):]
+            if not text.isdigit():
+                raise ValueError(f"device={spec!r}: write 'cuda' or 'cuda:N' with N a GPU number (0..{count - 1})")
+            ordinal = int(text)
+        else:
+            ordinal = int(spec.id)
+        if not 0 <= ordinal < count:
+            raise ValueError(f"device={spec!r}: this machine has {count} CUDA device(s): {', '.join(self.device_names())}")
+        if data_device is not None and data_device != ordinal:
+            raise ValueError(
+                f"device={spec!r} contradicts where the data lives (cuda:{data_device}); "
+                "pass device=None to compute where the data is, or move the data"
+            )
+        x = arrays[0] if arrays else None
+        cuda_x = x is not None and is_cuda_array(x)
+        return CudaTarget(
+            ordinal=ordinal,
+            stream_ptr=_exported_stream(x) if cuda_x else None,
+            library=_library(x) if cuda_x else "numba",
+            simulator=simulator,
+        )
+
+    def prepare(self, arr, dtype, handle):
+        with handle.activate():
+            if not is_cuda_array(arr):
+                host = np.ascontiguousarray(arr, dtype=dtype)
+                return cuda.to_device(host, stream=handle.stream)
+            if type(arr).__name__ == "FakeCUDAArray":
+                dev = arr
+            else:
+                # Our launches go to x's stream; an array exported on another stream must be
+                # complete before they start.
+                sync = _exported_stream(arr) not in (None, handle.stream_ptr)
+                dev = cuda.as_cuda_array(arr, sync=sync)
+            if not dev.is_c_contiguous():
+                dev = _contiguous_copy(dev, handle)
+            return dev
+
+    def empty(self, shape, dtype, handle):
+        with handle.activate():
+            return handle.empty(shape, dtype)
+
+    def finish(self, y, like, handle):
+        if not is_cuda_array(like):
+            with handle.activate():
+                return y.copy_to_host(stream=handle.stream)
+        owner = getattr(y, "convlib_owner", None)
+        if owner is not None:
+            return owner
+        lib = _library(like)
+        if lib == "torch":
+            import torch
+
+            return torch.as_tensor(y, device=f"cuda:{handle.ordinal}")
+        if lib == "cupy":
+            import cupy
+
+            return cupy.asarray(y)
+        return y
+
+
+def _current_device(simulator: bool) -> int:
+    if simulator:
+        return 0
+    return int(cuda.get_current_device().id)
+
+
+BACKEND = CudaBackend()

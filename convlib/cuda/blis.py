@@ -1,0 +1,41 @@
+"""Implicit GEMM on the GPU (the BLIS idea: pack B straight from the image, never build it).
+
+The convolution is the GEMM ``C = A @ B`` per group (``M = K/groups`` filters, ``Ngemm = N*P*Q``
+output pixels, ``Kgemm = Cg*R*S`` taps). Thread blocks compute ``BM x BN`` tiles of C with
+register-blocked ``TM x TN`` accumulators per thread; the ``BK x BN`` shared-memory tiles of B are
+gathered straight from the NCHW image (zero outside the padded image), so there is no column
+matrix and no workspace at all: the GPU's counterpart of packing ``Bc`` from the image in the CPU
+BLIS algorithm. The kernel is :func:`convlib.cuda.gemm.gemm_kernel` with ``b_source="image"``;
+tiles come from :data:`convlib.cuda.blocking.GEMM_TILES`.
+
+Cost of a new shape: every size except the batch is a compile-time constant, so a new shape
+compiles a new kernel (about a second); the batch size is a run-time argument.
+"""
+
+from __future__ import annotations
+
+from .blocking import choose_gemm_tile
+from .gemm import IMAGE, gemm_kernel, gemm_launch_shape, shape_key
+from .launch import MAX_GRID_Y, flat, placeholder_bias
+
+
+def supports(problem) -> str | None:
+    """None unless the groups outnumber CUDA's grid limit (direct serves those)."""
+    if problem.groups > MAX_GRID_Y:
+        return f"groups={problem.groups} exceeds the {MAX_GRID_Y} groups one launch can address"
+    return None
+
+
+def conv2d(problem, x, w, bias, device):
+    """Implicit-GEMM convolution of device arrays (module contract: see :mod:`convlib.registry`)."""
+    target = device
+    with target.activate():
+        y = target.empty(problem.y_shape, problem.dtype)
+        if problem.N == 0:
+            return y
+        tile = choose_gemm_tile(problem, target.multiprocessors, target.simulator)
+        kernel = gemm_kernel(shape_key(problem), tile, IMAGE, target.simulator)
+        b = bias if bias is not None else placeholder_bias(problem.dtype, target)
+        grid, block = gemm_launch_shape(problem, tile, problem.N)
+        kernel[grid, block, target.stream](flat(x), flat(w), b, flat(y), problem.N)
+    return y
