@@ -1,0 +1,243 @@
+"""Results: flat records per (shape, candidate), a summary per candidate, JSON, CSV and a table.
+
+A record is one candidate (an algorithm on a device, or a baseline) on one case of a suite. To the
+timings of :func:`convlib.bench.runner.run_problem` it adds the case (suite, label, weight, the
+problem's fields) and what the timings mean: GFLOP/s (``problem.flops / median``), the time ratio
+to PyTorch on the same shape, the fraction of the machine's FMA peak and of the memory floor
+(``problem.bytes_moved / bandwidth``, divided by the median: 1.0 means the kernel moves data as fast
+as a plain copy could).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from pathlib import Path
+
+#: Version of the JSON layout written by :func:`write_json`.
+FORMAT_VERSION = 1
+
+#: Record fields written to CSV, in order (the JSON has these plus ``times_s`` and ``reason``).
+CSV_FIELDS = (
+    "suite", "case", "weight", "name", "device", "kind", "status", "picked",
+    "N", "C", "H", "W", "K", "R", "S", "stride", "padding", "dilation", "groups", "dtype", "has_bias",
+    "P", "Q", "flops", "bytes_moved",
+    "median_s", "min_s", "q25_s", "q75_s", "iqr_s", "repeats", "first_s", "compile_s",
+    "gflops", "ratio_vs_torch", "frac_fma_peak", "memory_floor_s", "frac_memory_floor",
+    "rel_error", "reference", "note",
+)
+
+
+def case_records(suite: str, case, records: list[dict], ceilings: dict | None) -> list[dict]:
+    """``records`` of one case (from ``run_problem``) with the case's fields and derived figures."""
+    p = case.problem
+    torch = next((r for r in records if r["name"] == "torch" and r["status"] in ("ok", "wrong")), None)
+    torch_s = torch["median_s"] if torch else math.nan
+    peak = (ceilings or {}).get("fma_peak_gflops")
+    bandwidth = (ceilings or {}).get("memory_bandwidth_gbs")
+    floor_s = p.bytes_moved / (bandwidth * 1e9) if bandwidth else math.nan
+    out = []
+    for rec in records:
+        full = {
+            "suite": suite, "case": case.label, "weight": case.weight, "sweep": case.sweep,
+            "sweep_value": case.sweep_value,
+            "N": p.N, "C": p.C, "H": p.H, "W": p.W, "K": p.K, "R": p.R, "S": p.S,
+            "stride": "x".join(map(str, p.stride)), "padding": ",".join(map(str, p.padding)),
+            "dilation": "x".join(map(str, p.dilation)), "groups": p.groups, "dtype": p.dtype,
+            "has_bias": p.has_bias, "P": p.P, "Q": p.Q, "flops": p.flops, "bytes_moved": p.bytes_moved,
+            "memory_floor_s": floor_s,
+        }
+        full.update(rec)
+        median = rec.get("median_s", math.nan)
+        timed = rec["status"] in ("ok", "wrong") and median == median and median > 0
+        full["gflops"] = p.flops / median / 1e9 if timed else math.nan
+        full["ratio_vs_torch"] = median / torch_s if timed and torch_s == torch_s else math.nan
+        full["frac_fma_peak"] = full["gflops"] / peak if timed and peak else math.nan
+        full["frac_memory_floor"] = floor_s / median if timed else math.nan
+        out.append(full)
+    return out
+
+
+def _finite(values):
+    return [v for v in values if v is not None and isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """One row per candidate (name, device) over every case of the run.
+
+    Returns
+    -------
+    list of dict
+        ``name, device, kind``; ``cases``, ``ok`` and ``wrong`` (counts); ``geomean_ratio_vs_torch``
+        and ``worst_ratio_vs_torch`` (with ``worst_case``) over the cases both ran;
+        ``weighted_total_s`` (sum of weight x median, only when every case ran, as ResNet-50's
+        per-network total); ``mean_frac_fma_peak``; for ``auto``: ``within_10pct_of_best`` (the
+        fraction of cases where it took at most 1.1x the fastest explicit algorithm of its device).
+    """
+    keys = []
+    for r in records:
+        if (r["name"], r["device"]) not in keys:
+            keys.append((r["name"], r["device"]))
+    cases = list(dict.fromkeys(r["case"] for r in records))
+    rows = []
+    for name, device in keys:
+        mine = [r for r in records if r["name"] == name and r["device"] == device]
+        timed = [r for r in mine if r["status"] in ("ok", "wrong")]
+        ratios = [(r["ratio_vs_torch"], r["case"]) for r in timed if _finite([r.get("ratio_vs_torch")])]
+        row = {
+            "name": name, "device": device, "kind": mine[0]["kind"], "cases": len(cases),
+            "ok": sum(r["status"] == "ok" for r in mine), "wrong": sum(r["status"] == "wrong" for r in mine),
+            "geomean_ratio_vs_torch": (math.exp(statistics.fmean(math.log(v) for v, _ in ratios)) if ratios
+                                       else math.nan),
+            "worst_ratio_vs_torch": max(ratios)[0] if ratios else math.nan,
+            "worst_case": max(ratios)[1] if ratios else None,
+            "weighted_total_s": (sum(r["weight"] * r["median_s"] for r in timed) if len(timed) == len(cases)
+                                 else math.nan),
+            "mean_frac_fma_peak": statistics.fmean(_finite(r.get("frac_fma_peak") for r in timed))
+            if _finite(r.get("frac_fma_peak") for r in timed) else math.nan,
+        }
+        if name == "auto":
+            hits = total = 0
+            for case in cases:
+                auto = next((r for r in timed if r["case"] == case), None)
+                explicit = [r["median_s"] for r in records if r["case"] == case and r["device"] == device
+                            and r["kind"] == "convlib" and r["name"] != "auto" and r["status"] == "ok"]
+                if auto is None or not explicit:
+                    continue
+                total += 1
+                hits += auto["median_s"] <= 1.1 * min(explicit)
+            row["within_10pct_of_best"] = hits / total if total else math.nan
+        rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------
+# Files
+# ------------------------------------------------------------------------------------------
+def _jsonable(value):
+    """NaN and infinities become None (strict JSON); everything else as is."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """``payload`` (suite, command, config, machine, ceilings, records, summary) as strict JSON."""
+    payload = {"format": FORMAT_VERSION, **payload}
+    path.write_text(json.dumps(_jsonable(payload), indent=1) + "\n")
+
+
+def read_json(path: Path) -> dict:
+    """A results file written by :func:`write_json` (None where NaN was)."""
+    data = json.loads(Path(path).read_text())
+    if data.get("format") != FORMAT_VERSION:
+        raise ValueError(f"{path}: results format {data.get('format')!r}, this version reads {FORMAT_VERSION}")
+    for rec in data["records"]:
+        for k, v in rec.items():
+            if v is None and k.endswith(("_s", "gflops", "ratio_vs_torch", "frac_fma_peak", "frac_memory_floor",
+                                        "rel_error")):
+                rec[k] = math.nan
+    return data
+
+
+def write_csv(path: Path, records: list[dict]) -> None:
+    """One row per record, the columns of :data:`CSV_FIELDS` (empty cells where there is no value)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for rec in records:
+            writer.writerow({k: ("" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v)
+                             for k, v in rec.items()})
+
+
+# ------------------------------------------------------------------------------------------
+# Text
+# ------------------------------------------------------------------------------------------
+def _num(value, fmt, scale=1.0) -> str:
+    if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "-"
+    return format(value * scale, fmt)
+
+
+def case_table(records: list[dict], *, show_device: bool) -> str:
+    """A readable table of one case's records (headed by the shape)."""
+    first = records[0]
+    head = (f"{first['case']}  [N={first['N']} C={first['C']} H={first['H']} W={first['W']} K={first['K']} "
+            f"{first['R']}x{first['S']} stride={first['stride']} pad={first['padding']}"
+            + (f" dil={first['dilation']}" if first["dilation"] != "1x1" else "")
+            + (f" groups={first['groups']}" if first["groups"] != 1 else "")
+            + f" {first['dtype']}]  {first['flops'] / 1e9:.3g} GFLOP"
+            + (f", memory floor {_num(first['memory_floor_s'], '.3g', 1e3)} ms"
+               if _finite([first.get("memory_floor_s")]) else "")
+            + (f", x{first['weight']} in the network" if first["weight"] != 1 else ""))
+    columns = ("candidate", "status", "median ms", "min ms", "IQR ms", "GFLOP/s", "x torch", "%peak",
+               "%floor", "compile s", "rel.err", "note")
+    rows = []
+    for r in records:
+        name = f"{r['name']}@{r['device']}" if show_device else r["name"]
+        note = r.get("note") or ""
+        if r.get("picked"):
+            note = f"-> {r['picked']}" + (f"; {note}" if note else "")
+        rows.append((
+            name, r["status"], _num(r.get("median_s"), ".4g", 1e3), _num(r.get("min_s"), ".4g", 1e3),
+            _num(r.get("iqr_s"), ".3g", 1e3), _num(r.get("gflops"), ".1f"), _num(r.get("ratio_vs_torch"), ".3f"),
+            _num(r.get("frac_fma_peak"), ".0%"), _num(r.get("frac_memory_floor"), ".0%"),
+            _num(r.get("compile_s"), ".2f"), _num(r.get("rel_error"), ".1e"), note[:90],
+        ))
+    return head + "\n" + _grid(columns, rows)
+
+
+def summary_table(summary: list[dict], *, show_device: bool) -> str:
+    """The per-candidate summary as a table."""
+    columns = ("candidate", "ok/cases", "wrong", "geomean x torch", "worst x torch", "worst case",
+               "weighted total ms", "mean %peak", "auto within 10%")
+    rows = []
+    for s in summary:
+        name = f"{s['name']}@{s['device']}" if show_device else s["name"]
+        rows.append((
+            name, f"{s['ok']}/{s['cases']}", str(s["wrong"]), _num(s["geomean_ratio_vs_torch"], ".3f"),
+            _num(s["worst_ratio_vs_torch"], ".3f"), s["worst_case"] or "-", _num(s["weighted_total_s"], ".4g", 1e3),
+            _num(s["mean_frac_fma_peak"], ".0%"), _num(s.get("within_10pct_of_best"), ".0%"),
+        ))
+    return "summary (ratios: median time / PyTorch's median time on the same shape)\n" + _grid(columns, rows)
+
+
+def machine_lines(machine: dict, ceilings: dict | None) -> str:
+    """Two or three lines saying where and with what the run was made."""
+    cpu = machine["cpu"]
+    v = machine["versions"]
+    lines = [
+        f"{cpu['model']} ({', '.join(cpu['flags'])}; LLVM: {cpu['llvm_cpu_name']}), "
+        f"{machine['numba']['num_threads']} numba threads ({machine['numba']['threading_layer']}), "
+        f"torch threads {machine['torch']['num_threads'] if machine.get('torch') else '-'}, "
+        f"load average {machine.get('load_average')}",
+        f"convlib {v.get('convlib')} ({machine.get('git')}), numba {v.get('numba')}, numpy {v.get('numpy')} "
+        f"({machine.get('numpy_blas')}), torch {v.get('torch')}, scipy {v.get('scipy')}; "
+        f"env: {' '.join(f'{k}={val}' for k, val in machine['env'].items()) or '-'}",
+    ]
+    if ceilings:
+        lines.append(f"ceilings: fp32 FMA peak {ceilings['fma_peak_gflops']} GFLOP/s, memory bandwidth "
+                     f"{ceilings['memory_bandwidth_gbs']} GB/s, numpy SGEMM 2048^3 {ceilings['numpy_sgemm_gflops']} "
+                     f"GFLOP/s ({ceilings['threads']} threads)")
+    return "\n".join(lines)
+
+
+def _grid(columns, rows) -> str:
+    widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
+    # Names left-aligned, numbers right-aligned, the note free-running.
+    def line(cells):
+        out = []
+        for i, (cell, width) in enumerate(zip(cells, widths)):
+            if i in (0, 1) or i == len(cells) - 1:
+                out.append(str(cell).ljust(width))
+            else:
+                out.append(str(cell).rjust(width))
+        return "  ".join(out).rstrip()
+
+    return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(r) for r in rows])

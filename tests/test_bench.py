@@ -1,0 +1,165 @@
+"""Smoke and consistency tests of ``python -m convlib.bench`` (no timing is asserted)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from convlib import registry
+from convlib.bench import runner, suites
+from convlib.bench.__main__ import main
+from convlib.problem import ConvProblem
+
+pytest.importorskip("torch")
+
+
+def test_resnet50_layers_are_the_network():
+    cases = suites.resnet50(batch=1)
+    assert len(cases) == 23
+    assert len({(c.problem.C, c.problem.H, c.problem.K, c.problem.R, c.problem.stride) for c in cases}) == 23
+    assert sum(c.weight for c in cases) == 53  # 49 convolutions in the blocks, 3 projections + stage 2's, the stem
+    # torchvision's resnet50 (v1.5): 4.09 G multiply-adds, of which the fc layer is 2 M.
+    macs = sum(c.weight * c.problem.flops for c in cases) / 2
+    assert 4.08e9 < macs < 4.09e9
+    # v1.5: the strided 3x3 layers read the stage's input size and halve it.
+    for c in cases:
+        if c.problem.stride == (2, 2) and c.problem.R == 3:
+            assert c.problem.P == c.problem.H // 2
+    assert {c.label for c in suites.resnet50(quick=True)} == set(suites.RESNET50_QUICK)
+    assert all(c.problem.N == 8 for c in suites.resnet50())
+
+
+def test_seed_suites():
+    batch = suites.seed_batch()
+    assert [c.problem.N for c in batch] == list(range(8, 81, 8))
+    assert all((c.problem.C, c.problem.K, c.problem.H, c.problem.R, c.problem.padding) == (4, 4, 1024, 3, (0,) * 4)
+               for c in batch)
+    assert [c.sweep_value for c in suites.seed_size()] == [64, 128, 256, 512, 1024, 2048, 4096]
+    with pytest.raises(ValueError, match="--shape"):
+        suites.build("custom")
+
+
+def test_time_interleaved_round_robin_budget_and_errors():
+    order = []
+
+    def make(name, seconds=0.0):
+        def call():
+            order.append(name)
+            return name
+        return call
+
+    def broken():
+        raise NotImplementedError("not for this shape")
+
+    ticks = []
+    firsts = {}
+    timings = runner.time_interleaved({"a": make("a"), "b": make("b"), "bad": broken}, repeats=3, warmup=1,
+                                      on_first=lambda n, r: firsts.setdefault(n, r), tick=ticks.append)
+    assert sum(ticks) == runner.planned_calls(3, 3, 1)
+    assert firsts == {"a": "a", "b": "b"}
+    assert isinstance(timings["bad"].error, NotImplementedError) and not timings["bad"].times_s
+    # first + warm-up of each, then rounds that start one candidate later each time
+    assert order == ["a", "a", "b", "b", "a", "b", "b", "a", "a", "b"]
+    assert all(len(timings[n].times_s) == 3 for n in "ab")
+    t = timings["a"]
+    assert t.min_s <= t.median_s and t.quartiles_s[0] <= t.median_s <= t.quartiles_s[1]
+    # A budget smaller than one call leaves one timed call.
+    slow = runner.time_interleaved({"a": make("a")}, repeats=5, warmup=1, max_seconds=0.0)
+    assert len(slow["a"].times_s) == 1
+
+
+def test_relative_error_in_chunks():
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal((70, 3, 5, 5))
+    y = (ref * (1 + 1e-6)).astype(np.float32)
+    expected = np.linalg.norm(y.astype(np.float64) - ref) / np.linalg.norm(ref)
+    assert math.isclose(runner.relative_error(y, ref), expected, rel_tol=1e-9)
+    with pytest.raises(ValueError, match="shape"):
+        runner.relative_error(y[:1], ref)
+
+
+@pytest.fixture
+def wrong_algorithm(monkeypatch):
+    """A registered CPU algorithm that answers quickly and wrongly."""
+    module = types.ModuleType("convlib_test_wrong_algorithm")
+    module.supports = lambda problem: None
+    module.conv2d = lambda problem, x, w, bias, device: np.ones(problem.y_shape, problem.dtype)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(registry._IMPLEMENTATIONS, ("cpu", "wrong"), module.__name__)
+    return "wrong"
+
+
+def test_run_problem_flags_wrong_answers_and_skips_unsupported(wrong_algorithm):
+    problem = ConvProblem(2, 3, 9, 8, 4, 3, 3, stride=(2, 1), padding=(1, 0, 2, 1), has_bias=True)
+    ticks = []
+    records = runner.run_problem(problem, algos={"cpu": ["direct", "winograd", wrong_algorithm, "auto"]},
+                                 baselines=("torch",), repeats=2, warmup=0, gap_s=0, tick=ticks.append)
+    assert sum(ticks) == runner.planned_calls(5, 2, 0)
+    status = {r["name"]: r["status"] for r in records}
+    assert status == {"direct": "ok", "winograd": "unsupported", "wrong": "wrong", "auto": "ok", "torch": "ok"}
+    by_name = {r["name"]: r for r in records}
+    assert "stride" in by_name["winograd"]["note"]
+    assert by_name["wrong"]["note"].startswith("WRONG")
+    assert by_name["auto"]["picked"] in registry.algorithm_names("cpu")
+    assert by_name["direct"]["reference"] == "torch-float64"
+    assert by_name["direct"]["rel_error"] <= runner.TOLERANCE["float32"]
+
+
+def test_time_candidates_for_the_selector():
+    problem = ConvProblem(1, 2, 6, 6, 2, 3, 3)
+    timings = runner.time_candidates(problem, ["direct", "im2col", "auto"], "cpu", repeats=1)
+    assert set(timings) == {"direct", "im2col", "auto"}
+    assert all(t > 0 for t in timings.values())
+
+
+def test_cli_custom_smoke(tmp_path, capsys):
+    out = tmp_path / "results"
+    rc = main(["custom", "--shape", "2,4,10,9,6,3,3", "--stride", "2,1", "--padding", "1,0,1,2", "--bias",
+               "--repeats", "1", "--warmup", "0", "--gap-ms", "0", "--baseline", "torch,scipy",
+               "--out", str(out), "--no-progress", "--plot", "--tag", "smoke"])
+    assert rc == 0
+    [json_path] = out.glob("custom-smoke-*.json")
+    [csv_path] = out.glob("custom-smoke-*.csv")
+    [png] = out.glob("custom-smoke-*-gflops.png")
+    assert png.stat().st_size > 0
+    data = json.loads(json_path.read_text())  # strict JSON: NaN would have failed to parse here
+    assert data["format"] == 1 and data["suite"] == "custom" and not data["interrupted"]
+    assert data["machine"]["cpu"]["logical_cpus"] >= 1
+    assert data["machine"]["versions"]["numba"] and data["machine"]["numba"]["threading_layer"]
+    assert isinstance(data["machine"]["env"], dict)
+    records = data["records"]
+    expected = runner.default_algorithms("cpu") + ["torch", "scipy"]
+    assert [r["name"] for r in records] == expected
+    torch_rec = next(r for r in records if r["name"] == "torch")
+    for r in records:
+        assert r["status"] in ("ok", "unsupported", "unavailable", "skipped", "error"), r
+        assert (r["N"], r["C"], r["H"], r["W"], r["K"], r["stride"], r["padding"]) == (2, 4, 10, 9, 6, "2x1", "1,0,1,2")
+        if r["status"] != "ok":
+            assert r["note"]
+            continue
+        assert r["repeats"] == 1 and len(r["times_s"]) == 1
+        assert r["min_s"] == r["median_s"] == r["times_s"][0] > 0
+        assert r["first_s"] > 0 and r["compile_s"] >= 0
+        assert math.isclose(r["gflops"], r["flops"] / r["median_s"] / 1e9)
+        assert math.isclose(r["ratio_vs_torch"], r["median_s"] / torch_rec["median_s"])
+        assert r["rel_error"] <= 1e-5
+    # Winograd cannot serve stride 2: reported, not timed.
+    assert all(r["status"] == "unsupported" for r in records if r["name"].startswith("winograd"))
+    assert torch_rec["ratio_vs_torch"] == 1.0
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(row["name"], row["status"]) for row in rows] == [(r["name"], r["status"]) for r in records]
+    assert {s["name"] for s in data["summary"]} == set(expected)
+    printed = capsys.readouterr().out
+    assert "summary" in printed and "torch" in printed
+
+    # The saved file redraws and reprints without timing anything.
+    png.unlink()
+    assert main(["--replot", str(json_path), "--plot"]) == 0
+    assert png.exists()
