@@ -115,3 +115,16 @@ def work_group(device, wanted: tuple[int, ...], local_bytes_per_item: int = 0) -
 def padded(n: int, multiple: int) -> int:
     """``n`` rounded up to a multiple of ``multiple`` (global ranges must divide evenly)."""
     return -(-n // multiple) * multiple
+
+
+def register_block(extent: int, table_value: int) -> int:
+    """Outputs per work-item along an axis of length ``extent``: the largest power of two that
+    divides ``extent`` and is at most ``table_value``.
+
+    Dividing exactly keeps bounds tests out of the inner loop (a clamped index there cost 2x);
+    powers of two keep the number of compiled variants at four per kernel (depthwise gets 1).
+    """
+    block = 1
+    while block * 2 <= table_value and extent % (block * 2) == 0:
+        block *= 2
+    return block

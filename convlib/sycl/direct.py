@@ -23,7 +23,7 @@ import functools
 
 from ..problem import ConvProblem
 from . import runtime
-from .blocking import blocking_for
+from .blocking import blocking_for, register_block
 from .common import bias_or_zeros, device_empty, element_type, launch, zero_padded_input
 
 
@@ -83,15 +83,6 @@ def direct_kernel(R: int, S: int, stride_w: int, KB: int, dtype: str):
     return conv_direct_channel_block
 
 
-def channel_block(K_per_group: int, table_kb: int) -> int:
-    """Output channels per work-item: the largest power of two dividing ``K/groups``, at most the
-    table's ``direct_kb`` (so at most four kernel variants per filter size; depthwise gets 1)."""
-    kb = 1
-    while kb * 2 <= table_kb and K_per_group % (kb * 2) == 0:
-        kb *= 2
-    return kb
-
-
 def conv2d(problem: ConvProblem, x, w, bias, device):
     """Convolve on the SYCL device ``device`` (a ``dpctl.SyclQueue``).
 
@@ -109,7 +100,7 @@ def conv2d(problem: ConvProblem, x, w, bias, device):
     """
     p = problem
     blk = blocking_for(device.sycl_device, p.dtype)
-    kb = channel_block(p.K_per_group, blk.direct_kb)
+    kb = register_block(p.K_per_group, blk.direct_kb)
     y = device_empty(p.y_shape, p.dtype, device)
     kernel = direct_kernel(p.R, p.S, p.stride[1], kb, p.dtype)
     launch(

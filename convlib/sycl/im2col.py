@@ -1,0 +1,203 @@
+"""im2col + GEMM on a SYCL device: a column-matrix kernel, then oneMKL or our own GEMM kernel.
+
+For a chunk of ``nb`` images the column matrix has shape ``(nb, C*R*S, P*Q)``: row ``(c, r, s)``
+holds, for every output pixel, the input value that filter tap meets (zero in the padding). The
+rows of group ``g`` are adjacent, so per image and group ``y[n, g] = W_g @ cols[n, g]`` with
+``W_g`` the ``(K/groups, C/groups*R*S)`` filter matrix: one batched GEMM per chunk, written
+straight into the NCHW result (no transpose).
+
+The GEMM is selectable (``gemm=`` argument, :data:`GEMM_ENGINE`, or the environment variable
+``CONVLIB_SYCL_GEMM`` read at import):
+
+``"onemkl"``
+    ``dpnp.matmul`` (oneMKL's batched GEMM for SYCL), bias added afterwards.
+``"kernel"``
+    Our numba-dpex kernel: adjacent work-items take adjacent output pixels (columns of the
+    column matrix), each keeps ``gemm_mb`` output channels in registers; bias in the epilogue.
+
+Workspace: the column matrix is ``R*S/(stride_h*stride_w)`` times the input; the batch is cut
+into chunks whose column matrix fits ``convlib.options.im2col_workspace_cap`` (at least one image),
+as on the CPU. A padded input adds one zero-padded copy of ``x``.
+
+Compile cost (first launch in a process, 0.2-1 s each, no on-disk cache): the column kernel per
+``(stride_w, dtype)``; the GEMM kernel per ``(MB, dtype)``, ``MB`` a power of two <= 8. Sizes,
+padding, dilation, groups and the vertical stride are run-time arguments. oneMKL needs no compile
+of ours.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from contextlib import contextmanager
+
+from ..problem import ConvProblem
+from . import runtime
+from .blocking import blocking_for, register_block
+from .common import bias_or_zeros, device_empty, element_type, launch, zero_padded_input
+
+GEMM_ENGINES = ("onemkl", "kernel")
+
+
+def _engine_from_env() -> str:
+    value = os.environ.get("CONVLIB_SYCL_GEMM", "onemkl").strip().lower()
+    if value not in GEMM_ENGINES:
+        raise ValueError(f"environment variable CONVLIB_SYCL_GEMM={value!r}: allowed are {', '.join(GEMM_ENGINES)}")
+    return value
+
+
+#: The GEMM used when ``conv2d`` gets no ``gemm=``: ``"onemkl"`` (dpnp.matmul) or ``"kernel"``.
+GEMM_ENGINE = _engine_from_env()
+
+
+@contextmanager
+def use_gemm(engine: str):
+    """Use GEMM ``engine`` (``"onemkl"`` or ``"kernel"``) inside a ``with`` block."""
+    global GEMM_ENGINE
+    _check_engine(engine)
+    saved, GEMM_ENGINE = GEMM_ENGINE, engine
+    try:
+        yield
+    finally:
+        GEMM_ENGINE = saved
+
+
+def _check_engine(engine) -> str:
+    if engine not in GEMM_ENGINES:
+        raise ValueError(f"gemm={engine!r}: allowed are {', '.join(map(repr, GEMM_ENGINES))}")
+    return engine
+
+
+def supports(problem: ConvProblem) -> str | None:
+    """im2col serves every valid problem."""
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def column_kernel(stride_w: int):
+    """The im2col kernel: one work-item per (column-matrix row, output row, output column).
+
+    ``stride_w`` is compile-time: it is the address step between adjacent work-items' loads.
+    """
+    mods = runtime.load()
+    dpex, kapi = mods.dpex, mods.kapi
+
+    @dpex.kernel
+    def fill_columns(
+        nd: kapi.NdItem,
+        x,  # IN  (N, C, Hp, Wp) zero-padded input
+        cols,  # OUT (nb, C*R*S, P, Q): column matrix of images n0 .. n0+nb-1
+        n0, R, S, stride_h_arg, dil_h_arg, dil_w_arg,
+    ):
+        # max(., 1): provably non-negative indices, so no wraparound selects (see direct.py).
+        stride_h = max(stride_h_arg, 1)
+        dil_h = max(dil_h_arg, 1)
+        dil_w = max(dil_w_arg, 1)
+        row_id = nd.get_global_id(0)
+        p = nd.get_global_id(1)
+        q = nd.get_global_id(2)
+        rows, P, Q = cols.shape[1], cols.shape[2], cols.shape[3]
+        if p < P and q < Q:
+            b = row_id // rows
+            row = row_id % rows
+            s = row % S
+            r = (row // S) % R
+            c = row // (R * S)
+            cols[b, row, p, q] = x[n0 + b, c, p * stride_h + r * dil_h, q * stride_w + s * dil_w]
+
+    return fill_columns
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_kernel(MB: int, dtype: str):
+    """``y[n, g*Kg + m, j] = bias + sum_k A[g*Kg + m, k] * cols[b, g*Kgemm + k, j]``, ``MB`` rows per item."""
+    mods = runtime.load()
+    dpex, kapi = mods.dpex, mods.kapi
+    acc_type = element_type(dtype)
+
+    @dpex.kernel
+    def gemm_rows_block(
+        nd: kapi.NdItem,
+        filters,  # IN  (K, Kgemm): row k = filter k flattened over (c, r, s)
+        cols,  # IN  (nb, C*R*S, PQ)
+        bias,  # IN  (K,)
+        y,  # OUT (N, K, PQ)
+        n0, Kg,
+    ):
+        block_id = nd.get_global_id(0)
+        j = nd.get_global_id(1)
+        K, PQ = y.shape[1], y.shape[2]
+        Kgemm = filters.shape[1]
+        blocks_per_image = K // MB
+        b = block_id // blocks_per_image
+        m0 = (block_id % blocks_per_image) * MB
+        row0 = (m0 // Kg) * Kgemm  # the group's first row of the column matrix
+        if j < PQ:
+            acc = kapi.PrivateArray(MB, acc_type)
+            for i in range(MB):
+                acc[i] = bias[m0 + i]
+            for k in range(Kgemm):
+                bv = cols[b, row0 + k, j]
+                for i in range(MB):
+                    acc[i] += filters[m0 + i, k] * bv
+            for i in range(MB):
+                y[n0 + b, m0 + i, j] = acc[i]
+
+    return gemm_rows_block
+
+
+def conv2d(problem: ConvProblem, x, w, bias, device, gemm: str | None = None):
+    """Convolve by im2col + GEMM on ``device`` (a ``dpctl.SyclQueue``), the batch in chunks.
+
+    Parameters
+    ----------
+    problem : ConvProblem
+    x : usm_ndarray (N, C, H, W), C-contiguous, on ``device``
+    w : usm_ndarray (K, C // groups, R, S)
+    bias : usm_ndarray (K,) or None
+    device : dpctl.SyclQueue
+    gemm : {"onemkl", "kernel"}, optional
+        The GEMM; default :data:`GEMM_ENGINE`.
+
+    Returns
+    -------
+    usm_ndarray (N, K, P, Q) on ``device``
+    """
+    p = problem
+    engine = _check_engine(GEMM_ENGINE if gemm is None else gemm)
+    mods = runtime.load()
+    dpt = mods.dpt
+    blk = blocking_for(device.sycl_device, p.dtype)
+    G, Kg, Kgemm, PQ = p.groups, p.K_per_group, p.gemm_k, p.P * p.Q
+    y = device_empty(p.y_shape, p.dtype, device)
+    x_padded = zero_padded_input(p, x)
+    filters = dpt.reshape(w, (p.K, Kgemm))
+    y3 = dpt.reshape(y, (p.N, p.K, PQ))
+    chunk = p.im2col_batch_chunk()
+    cols_buf = device_empty((chunk, p.C * p.R * p.S, p.P, p.Q), p.dtype, device)
+    fill = column_kernel(p.stride[1])
+    if engine == "kernel":
+        mb = register_block(Kg, blk.gemm_mb)
+        multiply = gemm_kernel(mb, p.dtype)
+        bias_full = bias_or_zeros(p, bias, device)
+    else:
+        dpnp = mods.dpnp
+        filters_g = dpnp.asarray(dpt.reshape(filters, (G, Kg, Kgemm)))
+    for n0 in range(0, p.N, chunk):
+        nb = min(chunk, p.N - n0)
+        cols = cols_buf[:nb]
+        launch(
+            fill, (nb * p.C * p.R * p.S, p.P, p.Q), (1,) + tuple(blk.im2col_wg), device,
+            x_padded, cols, n0, p.R, p.S, p.stride[0], p.dilation[0], p.dilation[1],
+        )
+        if engine == "kernel":
+            launch(
+                multiply, (nb * (p.K // mb), PQ), (1, blk.gemm_wg), device,
+                filters, dpt.reshape(cols, (nb, p.C * p.R * p.S, PQ)), bias_full, y3, n0, Kg,
+            )
+        else:
+            out = dpnp.asarray(dpt.reshape(y3[n0:n0 + nb], (nb, G, Kg, PQ)))
+            dpnp.matmul(filters_g, dpnp.asarray(dpt.reshape(cols, (nb, G, Kgemm, PQ))), out=out)
+    if engine == "onemkl" and bias is not None:
+        y3 += bias[None, :, None]
+    return y
