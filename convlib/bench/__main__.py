@@ -158,6 +158,8 @@ def _replot(args) -> int:
         print(report.case_table([r for r in records if r["case"] == case], show_device=show_device))
     print()
     print(report.summary_table(report.summarize(records), show_device=show_device))
+    for warning in report.warnings_for(records, data.get("ceilings")):
+        print(f"WARNING: {warning}", file=sys.stderr)
     if args.plot:
         stem = args.replot.with_suffix("")
         for path in plots.plot_run(stem, data["suite"], records, data["machine"], data.get("ceilings")):
@@ -268,9 +270,8 @@ def main(argv=None) -> int:
     if args.plot and records:
         for path in plots.plot_run(stem, args.suite, records, desc, ceilings):
             print(f"wrote {path}")
-    wrong = sum(r["status"] == "wrong" for r in records)
-    if wrong:
-        print(f"WARNING: {wrong} result(s) failed the correctness check (status 'wrong')", file=sys.stderr)
+    for warning in report.warnings_for(records, ceilings):
+        print(f"WARNING: {warning}", file=sys.stderr)
     return 130 if interrupted else 0
 
 

@@ -326,24 +326,35 @@ def measure_ceilings(threads: int | None = None, progress=print) -> dict:
     Returns
     -------
     dict
-        ``fma_peak_gflops``, ``fma_accumulators``, ``memory_bandwidth_gbs``,
-        ``numpy_sgemm_gflops`` (2048^3), ``threads`` and ``seconds`` (how long measuring took).
+        ``fma_peak_gflops`` (all threads), ``fma_peak_1thread_gflops``, ``fma_accumulators``,
+        ``memory_bandwidth_gbs``, ``numpy_sgemm_gflops`` (2048^3), ``threads``, ``seconds`` (how
+        long measuring took) and ``load_average`` (before measuring: a busy machine measures low).
+
+    Notes
+    -----
+    On a shared machine the ceilings are only as good as the quiet moments they catch: when
+    ``fma_peak_gflops`` is well under ``threads * fma_peak_1thread_gflops``, another process was
+    competing for a core.
     """
     import numba
 
     threads = threads or numba.get_num_threads()
     start = time.perf_counter()
+    load = _load_average()
     progress("ceilings: fp32 FMA peak ...")
     peak, accumulators = fma_peak(threads)
+    single, _ = fma_peak(1)
     progress("ceilings: memory bandwidth ...")
     bandwidth = memory_bandwidth()
     progress("ceilings: numpy SGEMM 2048^3 ...")
     gemm = numpy_gemm()
     return {
         "fma_peak_gflops": round(peak, 1),
+        "fma_peak_1thread_gflops": round(single, 1),
         "fma_accumulators": accumulators,
         "memory_bandwidth_gbs": round(bandwidth, 2),
         "numpy_sgemm_gflops": round(gemm, 1),
         "threads": threads,
         "seconds": round(time.perf_counter() - start, 1),
+        "load_average": load,
     }

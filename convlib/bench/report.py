@@ -92,7 +92,7 @@ def summarize(records: list[dict]) -> list[dict]:
             "geomean_ratio_vs_torch": (math.exp(statistics.fmean(math.log(v) for v, _ in ratios)) if ratios
                                        else math.nan),
             "worst_ratio_vs_torch": max(ratios)[0] if ratios else math.nan,
-            "worst_case": max(ratios)[1] if ratios else None,
+            "worst_case": max(ratios)[1] if ratios and name != "torch" else None,
             "weighted_total_s": (sum(r["weight"] * r["median_s"] for r in timed) if len(timed) == len(cases)
                                  else math.nan),
             "mean_frac_fma_peak": statistics.fmean(_finite(r.get("frac_fma_peak") for r in timed))
@@ -111,6 +111,20 @@ def summarize(records: list[dict]) -> list[dict]:
             row["within_10pct_of_best"] = hits / total if total else math.nan
         rows.append(row)
     return rows
+
+
+def warnings_for(records: list[dict], ceilings: dict | None) -> list[str]:
+    """Things a reader of the run must know: wrong answers, rates above the measured ceilings."""
+    out = []
+    wrong = [f"{r['name']}@{r['device']} on {r['case']}" for r in records if r["status"] == "wrong"]
+    if wrong:
+        out.append(f"{len(wrong)} result(s) failed the correctness check: {', '.join(wrong)}")
+    above = [r for r in records if _finite([r.get("frac_fma_peak")]) and r["frac_fma_peak"] > 1.05]
+    if above and ceilings:
+        out.append(f"{len(above)} rate(s) exceed the measured FMA peak ({ceilings['fma_peak_gflops']} GFLOP/s; "
+                   f"1 thread {ceilings.get('fma_peak_1thread_gflops', '?')}): the ceilings were measured while "
+                   f"the machine was busy (load average then {ceilings.get('load_average')}); measure them again")
+    return out
 
 
 # ------------------------------------------------------------------------------------------

@@ -45,6 +45,10 @@ SAME_PRECISION_SLACK = 4.0
 FLOAT64_REFERENCE_MAX_ELEMENTS = 2**27
 #: Largest problem (FLOPs) for which the slow scipy float64 reference is used when PyTorch is absent.
 SCIPY_REFERENCE_MAX_FLOPS = 2e9
+#: A CPU algorithm is skipped when its workspace plus its output would take more than this share of
+#: the memory available (Winograd's workspace on the 4096^2 seed shape is ~10-17 GB): an out-of-
+#: memory kill would end the whole run, and hurt whoever else uses the machine.
+MEMORY_HEADROOM = 0.8
 
 
 # ------------------------------------------------------------------------------------------
@@ -260,11 +264,41 @@ def _synchronizer(backend, handle) -> Callable[[], None]:
     return lambda: None
 
 
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_shortfall(problem: ConvProblem, algo: str) -> str | None:
+    """Why a CPU ``algo`` should not run here for lack of memory, or None.
+
+    Uses ``problem.workspace_bytes(algo)`` plus the output; algorithms it does not know are let
+    through.
+    """
+    try:
+        need = problem.workspace_bytes(algo) + problem.N * problem.K * problem.P * problem.Q * problem.itemsize
+    except (ValueError, ImportError):
+        return None
+    available = available_memory_bytes()
+    if available is None or need <= MEMORY_HEADROOM * available:
+        return None
+    return (f"needs ~{need / 1e9:.1f} GB (workspace + output) but only {available / 1e9:.1f} GB are available; "
+            f"skipped rather than risk the out-of-memory killer")
+
+
 def convlib_candidates(problem: ConvProblem, device: str, algos, x, w, bias) -> list[Candidate | Skipped]:
     """One candidate per algorithm of ``algos`` (``"auto"`` allowed) on ``device``.
 
     Inputs are placed on the device here, once. Algorithms that cannot serve the problem, or
-    whose module cannot be imported, come back as :class:`Skipped`.
+    whose module cannot be imported, come back as :class:`Skipped`, and so do CPU algorithms
+    whose workspace would not fit in memory (:func:`memory_shortfall`).
     """
     from .. import registry
     from ..api import unsupported_reason
@@ -303,11 +337,19 @@ def convlib_candidates(problem: ConvProblem, device: str, algos, x, w, bias) -> 
                     return y
 
                 registry.implementation(backend.name, choice.algo)  # import errors surface here
+                short = memory_shortfall(problem, choice.algo) if backend.name == "cpu" else None
+                if short is not None:
+                    out.append(Skipped("auto", device, "convlib", "skipped", f"-> {choice.algo}: {short}"))
+                    continue
                 out.append(Candidate("auto", device, "convlib", call_auto, to_host, choice.algo, choice.reason))
                 continue
             reason = unsupported_reason(backend.name, algo, problem)
             if reason is not None:
                 out.append(Skipped(algo, device, "convlib", "unsupported", reason))
+                continue
+            short = memory_shortfall(problem, algo) if backend.name == "cpu" else None
+            if short is not None:
+                out.append(Skipped(algo, device, "convlib", "skipped", short))
                 continue
             out.append(Candidate(algo, device, "convlib", runner(registry.implementation(backend.name, algo)), to_host))
         except NotImplementedError as exc:
@@ -536,6 +578,8 @@ def run_problem(
         reference``.
     """
     x, w, bias = random_inputs(problem, seed)
+    # The reference first, so the memory check of the candidates sees what it takes.
+    reference = reference_for(problem, x, w, bias) if check else Reference(None, "none", math.inf)
     candidates: list[Candidate | Skipped] = []
     for device in devices:
         device_algos = algos.get(device) if algos else None
@@ -550,7 +594,6 @@ def run_problem(
     if tick is not None:
         tick(planned_calls(len(candidates) - len(runnable), repeats, warmup))
 
-    reference = reference_for(problem, x, w, bias) if check else Reference(None, "none", math.inf)
     errors: dict[str, float] = {}
 
     def on_first(key, result):
