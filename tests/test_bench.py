@@ -48,7 +48,7 @@ def test_seed_suites():
 def test_time_interleaved_round_robin_budget_and_errors():
     order = []
 
-    def make(name, seconds=0.0):
+    def make(name):
         def call():
             order.append(name)
             return name

@@ -7,7 +7,10 @@ Wrap timing runs in ``flock /tmp/convlib-bench.lock`` on a shared machine, and f
     NUMBA_NUM_THREADS=2 flock /tmp/convlib-bench.lock python -m convlib.bench seed-batch --ceilings --plot
     NUMBA_NUM_THREADS=2 flock /tmp/convlib-bench.lock python -m convlib.bench resnet50 --batch 8 --plot
     python -m convlib.bench custom --shape 8,64,56,56,64,3,3 --padding 1 --algo direct,blis --repeats 3
-    python -m convlib.bench --replot bench-results/resnet50-20261121-101500.json
+    python -m convlib.bench --replot bench-results/resnet50-20261121-101500.json --plot
+
+A long suite can be run in parts (``--limit 0:5``, ``--limit 5:10``, with ``--ceilings-from`` the
+first part's file) and drawn as one: ``--replot part1.json part2.json --plot``.
 """
 
 from __future__ import annotations
@@ -123,8 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tag", default="", help="added to the file names")
     g.add_argument("--plot", action="store_true", help="write PNG figures")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
-    g.add_argument("--replot", type=Path, metavar="JSON",
-                   help="print the tables and draw the figures of an earlier results file; time nothing")
+    g.add_argument("--replot", type=Path, nargs="+", metavar="JSON",
+                   help="print the tables and draw the figures of earlier results files (several: parts of "
+                        "one suite, merged); time nothing")
     return p
 
 
@@ -149,20 +153,27 @@ def _set_threads(requested: int | None) -> int:
 def _replot(args) -> int:
     from . import plots, report
 
-    data = report.read_json(args.replot)
-    records = data["records"]
+    parts = [report.read_json(path) for path in args.replot]
+    data = parts[0]
+    suites_seen = {part["suite"] for part in parts}
+    if len(suites_seen) > 1:
+        build_parser().error(f"--replot: the files hold different suites ({', '.join(sorted(suites_seen))})")
+    records = [r for part in parts for r in part["records"]]
+    ceilings = next((part["ceilings"] for part in parts if part.get("ceilings")), None)
     show_device = len({r["device"] for r in records if r["kind"] == "convlib"}) > 1
-    print(report.machine_lines(data["machine"], data.get("ceilings")))
+    print(report.machine_lines(data["machine"], ceilings))
     for case in dict.fromkeys(r["case"] for r in records):
         print()
         print(report.case_table([r for r in records if r["case"] == case], show_device=show_device))
     print()
     print(report.summary_table(report.summarize(records), show_device=show_device))
-    for warning in report.warnings_for(records, data.get("ceilings")):
+    for warning in report.warnings_for(records, ceilings):
         print(f"WARNING: {warning}", file=sys.stderr)
     if args.plot:
-        stem = args.replot.with_suffix("")
-        for path in plots.plot_run(stem, data["suite"], records, data["machine"], data.get("ceilings")):
+        stem = args.replot[0].with_suffix("")
+        if len(parts) > 1:
+            stem = stem.with_name(stem.name + "-merged")
+        for path in plots.plot_run(stem, data["suite"], records, data["machine"], ceilings):
             print(f"wrote {path}")
     return 0
 

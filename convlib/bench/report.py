@@ -197,7 +197,8 @@ def case_table(records: list[dict], *, show_device: bool) -> str:
         name = f"{r['name']}@{r['device']}" if show_device else r["name"]
         note = r.get("note") or ""
         if r.get("picked"):
-            note = f"-> {r['picked']}" + (f"; {note}" if note else "")
+            cached = " (tuning cache)" if "tuning cache" in (r.get("reason") or "") else ""
+            note = f"-> {r['picked']}{cached}" + (f"; {note}" if note else "")
         rows.append((
             name, r["status"], _num(r.get("median_s"), ".4g", 1e3), _num(r.get("min_s"), ".4g", 1e3),
             _num(r.get("iqr_s"), ".3g", 1e3), _num(r.get("gflops"), ".1f"), _num(r.get("ratio_vs_torch"), ".3f"),
