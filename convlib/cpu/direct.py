@@ -1,0 +1,479 @@
+"""Direct convolution on the CPU: the 7-loop definition, register-blocked and vectorised.
+
+How the loops are organised
+---------------------------
+The input is read through *source planes* ``xs`` of ``Hs x Ws`` elements in which every filter
+tap is a plain shift. With stride 1 and no padding the planes are ``x`` itself (no copy).
+Otherwise :func:`gather_source_planes` builds them once per call, in parallel: a zero-padded
+copy of ``x``, split into stride phases (plane ``(c, a, b)`` holds padded rows ``a, a + sh, ...``
+and columns ``b, b + sw, ...``), keeping only the phases and rows the filter touches. In those
+planes output ``(p, q)`` and tap ``(c, r, s)`` read element ``(p + r*dh // sh, q + s*dw // sw)``
+of plane ``(c, r*dh % sh, s*dw % sw)``: every stride, dilation and padding becomes stride 1.
+
+Output positions are then numbered along *wide rows* of pitch ``Ws``: position ``j = p*Ws + q``
+(columns ``q >= Q`` are computed and thrown away). Tap ``t = (c, r, s)`` reads
+``xs[image + offset[t] + j]`` for every ``j``: one contiguous run per tap however the output rows
+wrap, so a block of ``QB`` consecutive positions is ``QB / lanes`` vector loads per tap even when
+``Q`` is 7 or 56. ``(c, r, s)`` is flattened into one loop over the precomputed ``offset`` table.
+
+The register block is ``KB`` output channels x ``QB`` wide positions, held in a stack
+accumulator (:func:`convlib.cpu.stack_buffer.stack_array_2d`) that LLVM keeps in zmm registers.
+Per tap it costs ``QB / lanes`` vector loads of ``x``, ``KB`` weight broadcasts and
+``KB * QB / lanes`` FMAs; the weights are packed as ``(group, K-block, tap, KB)`` so one tap's
+``KB`` weights are adjacent. Only the tap loop is a loop: unrolling taps or rows in the body
+would pass the ~250 memory accesses beyond which LLVM stops keeping the block in registers.
+At the store, the block is copied (with bias) to a second stack tile and scattered row piece by
+row piece into ``y``. The last block of an image is shifted back to end at the image's last
+position (it recomputes a few outputs) so that no read leaves the image; images shorter than
+one block always go through the gathered planes, which carry a zero tail.
+
+Parallel loop order: ``prange`` over ``(group, K-block, image, position block)``, flattened,
+position blocks innermost. numba hands each thread one contiguous half, so two threads get
+balanced work even for N=1, K=4; a thread keeps one K-block's weights in L1/L2 while it streams
+the images past them.
+
+Block sizes are data (:data:`DIRECT_BLOCKINGS`); :func:`choose_blocking` takes the candidate that
+computes the fewest padded multiply-adds (K padded to ``KB``, positions to whole blocks).
+
+What a new shape costs
+----------------------
+Kernels are specialised on ``(dtype, KB, QB)`` only, compiled once per machine
+(``cache=True``); N, C, H, W, K, R, S, stride, dilation and padding are runtime values. A new
+shape costs no compilation, only the (cheap) offset table and weight packing.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit, prange
+
+from .stack_buffer import stack_array_2d
+
+
+@dataclass(frozen=True)
+class DirectBlocking:
+    """One register block of the direct kernel.
+
+    Attributes
+    ----------
+    KB : int
+        Output channels per block (weights broadcast, one accumulator row each).
+    QB : int
+        Consecutive wide output positions per block; a multiple of the SIMD width.
+        ``KB * QB / lanes`` accumulators, ``KB`` broadcast weights and one input vector must
+        fit in the vector registers (32 zmm with AVX-512, 16 ymm with AVX2).
+    """
+
+    KB: int
+    QB: int
+
+
+#: Candidate blocks per instruction set and dtype, best per FMA first. float64 halves QB.
+#: AVX-512: 24 zmm accumulators. AVX2: 12 ymm accumulators + KB broadcasts + 1 input vector
+#: = 16 registers at most (4 x 24 would need 17 and spills). The single-channel blocks serve
+#: depthwise convolution (one output channel per group).
+DIRECT_BLOCKINGS = {
+    "avx512": {
+        "float32": (
+            DirectBlocking(KB=4, QB=96),
+            DirectBlocking(KB=8, QB=48),
+            DirectBlocking(KB=12, QB=32),
+            DirectBlocking(KB=1, QB=128),
+        ),
+        "float64": (
+            DirectBlocking(KB=4, QB=48),
+            DirectBlocking(KB=8, QB=24),
+            DirectBlocking(KB=12, QB=16),
+            DirectBlocking(KB=1, QB=64),
+        ),
+    },
+    "avx2": {
+        "float32": (
+            DirectBlocking(KB=3, QB=32),
+            DirectBlocking(KB=2, QB=48),
+            DirectBlocking(KB=4, QB=16),
+            DirectBlocking(KB=1, QB=64),
+        ),
+        "float64": (
+            DirectBlocking(KB=3, QB=16),
+            DirectBlocking(KB=2, QB=24),
+            DirectBlocking(KB=4, QB=8),
+            DirectBlocking(KB=1, QB=32),
+        ),
+    },
+}
+
+
+def host_isa() -> str:
+    """``"avx512"`` when numba compiles for a CPU with AVX-512F, else ``"avx2"``.
+
+    Follows ``NUMBA_CPU_FEATURES`` when set, as numba's code generation does. (Some
+    hypervisors hide AVX-512 from a CPU that has it; the kernels then use AVX2 registers.)
+    """
+    from numba.core import config
+
+    if config.CPU_FEATURES:
+        return "avx512" if "+avx512f" in config.CPU_FEATURES else "avx2"
+    import llvmlite.binding as llvm
+
+    return "avx512" if llvm.get_host_cpu_features().get("avx512f", False) else "avx2"
+
+
+def blocking_candidates(dtype: str) -> tuple:
+    """The :class:`DirectBlocking` candidates for ``dtype`` on this machine."""
+    return DIRECT_BLOCKINGS[_HOST_ISA][dtype]
+
+
+_HOST_ISA = host_isa()
+
+
+#: Packed weights of one group up to this size are swept whole for every position block
+#: (see :func:`k_blocks_inner`); a quarter of a 1 MB L2.
+L2_WEIGHT_BUDGET = 256 * 1024
+
+
+# ------------------------------------------------------------------------------------------
+# Geometry of the source planes
+# ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Planes:
+    """Where each tap of a problem reads, in the source planes (see the module docstring)."""
+
+    phases_h: tuple  # padded-row phases a (r*dh % sh) the filter touches, sorted
+    phases_w: tuple  # padded-column phases b
+    Hs: int  # rows per plane
+    Ws: int  # columns per plane: the pitch of a wide output row
+    copy: bool  # False: the planes are x itself
+
+    @property
+    def planes_per_channel(self) -> int:
+        return len(self.phases_h) * len(self.phases_w)
+
+    def elements(self, problem) -> int:
+        return problem.N * problem.C * self.planes_per_channel * self.Hs * self.Ws
+
+
+def _planes(problem, QB: int) -> _Planes:
+    sh, sw = problem.stride
+    dh, dw = problem.dilation
+    P, Q = problem.P, problem.Q
+    phases_h = tuple(sorted({(r * dh) % sh for r in range(problem.R)}))
+    phases_w = tuple(sorted({(s * dw) % sw for s in range(problem.S)}))
+    Hs = P + ((problem.R - 1) * dh) // sh
+    Ws = Q + ((problem.S - 1) * dw) // sw
+    wide_length = (P - 1) * Ws + Q
+    copy = problem.stride != (1, 1) or any(problem.padding) or wide_length < QB
+    if not copy:
+        Hs, Ws = problem.H, problem.W  # equal already; stated for the reader
+    return _Planes(phases_h, phases_w, Hs, Ws, copy)
+
+
+def _tap_offsets(problem, planes: _Planes) -> np.ndarray:
+    """Offset of tap ``(c, r, s)`` (c within the group) from its image-and-group base."""
+    sh, sw = problem.stride
+    dh, dw = problem.dilation
+    npw = len(planes.phases_w)
+    plane_size = planes.Hs * planes.Ws
+    c = np.arange(problem.C_per_group)[:, None, None]
+    r = np.arange(problem.R)[None, :, None]
+    s = np.arange(problem.S)[None, None, :]
+    ia = np.searchsorted(planes.phases_h, (r * dh) % sh)
+    ib = np.searchsorted(planes.phases_w, (s * dw) % sw)
+    plane = (c * len(planes.phases_h) + ia) * npw + ib
+    offsets = plane * plane_size + ((r * dh) // sh) * planes.Ws + (s * dw) // sw
+    return np.ascontiguousarray(offsets.reshape(-1), dtype=np.int64)
+
+
+def choose_blocking(problem) -> DirectBlocking:
+    """The candidate of :data:`DIRECT_BLOCKINGS` that computes the fewest padded outputs.
+
+    Cost = ``K`` rounded up to ``KB`` times the wide positions rounded up to ``QB`` blocks;
+    ties go to the earlier (faster per FMA) candidate. ``KB = 1`` is only a candidate when a
+    group has a single output channel.
+    """
+    best, best_cost = None, None
+    for b in blocking_candidates(problem.dtype):
+        if b.KB == 1 and problem.K_per_group != 1:
+            continue
+        planes = _planes(problem, b.QB)
+        wide_length = (problem.P - 1) * planes.Ws + problem.Q
+        cost = -(-problem.K_per_group // b.KB) * b.KB * -(-wide_length // b.QB) * b.QB
+        if best_cost is None or cost < best_cost:
+            best, best_cost = b, cost
+    return best
+
+
+def k_blocks_inner(problem, KB: int) -> bool:
+    """Whether a thread sweeps every K-block over one position block before moving on.
+
+    True when a group's packed weights fit in L2 with room to spare: each block of input is then
+    read from memory once and reused from L1 by every K-block (the N=8, C=K=4, 1024^2 case).
+    False when the weights are large (deep ResNet layers): a thread keeps one K-block's
+    weights hot and streams the images past them instead.
+    """
+    weight_bytes = -(-problem.K_per_group // KB) * KB * problem.gemm_k * problem.itemsize
+    return weight_bytes <= L2_WEIGHT_BUDGET
+
+
+def workspace_bytes(problem) -> int:
+    """Bytes this module allocates beyond x, w, bias and y: the gathered source planes, if any.
+
+    The packed weights (``K`` rounded up to the block, times ``C/groups * R * S``) are not
+    counted; they are the size of ``w``.
+    """
+    b = choose_blocking(problem)
+    planes = _planes(problem, b.QB)
+    if not planes.copy:
+        return 0
+    return (planes.elements(problem) + b.QB) * problem.itemsize
+
+
+# ------------------------------------------------------------------------------------------
+# Kernels
+# ------------------------------------------------------------------------------------------
+@njit(parallel=True, cache=True)
+def gather_source_planes(x, phases_h, phases_w, stride_h, stride_w, top, left, xs):
+    """Zero-padded, stride-phase-split copy of ``x`` (see the module docstring).
+
+    Parameters
+    ----------
+    x : (N, C, H, W) array                              # IN
+    phases_h, phases_w : int64 arrays                   # IN  phases a, b kept
+    stride_h, stride_w, top, left : int                 # IN
+    xs : (N, C, len(phases_h), len(phases_w), Hs, Ws)   # OUT every element written
+    """
+    N, C, H, W = x.shape
+    nph, npw, Hs, Ws = xs.shape[2], xs.shape[3], xs.shape[4], xs.shape[5]
+    for item in prange(N * C * nph * npw):
+        ib = item % npw
+        rest = item // npw
+        ia = rest % nph
+        rest //= nph
+        c = rest % C
+        n = rest // C
+        a = phases_h[ia]
+        b = phases_w[ib]
+        # Columns j with 0 <= j*sw + b - left < W, as a half-open range [j_lo, j_hi).
+        j_lo = min(Ws, max(0, -(-(left - b) // stride_w)))
+        j_hi = min(Ws, max(j_lo, -(-(W + left - b) // stride_w)))
+        for i in range(Hs):
+            row = i * stride_h + a - top
+            dst = xs[n, c, ia, ib, i]
+            if row < 0 or row >= H:
+                dst[:] = 0
+                continue
+            src = x[n, c, row]
+            dst[:j_lo] = 0
+            if stride_w == 1:
+                dst[j_lo:j_hi] = src[j_lo + b - left:j_hi + b - left]
+            else:
+                for j in range(j_lo, j_hi):
+                    dst[j] = src[j * stride_w + b - left]
+            dst[j_hi:] = 0
+
+
+@njit(parallel=True, cache=True)
+def pack_weights(w, KB, wpack):
+    """Filters as ``(group, K-block, tap, KB)``, zero rows past the group's last channel.
+
+    Parameters
+    ----------
+    w : (K, C/groups, R, S) array           # IN
+    KB : int                                # IN output channels per block
+    wpack : (groups, nkb, C/groups*R*S, KB) # OUT
+    """
+    K = w.shape[0]
+    taps = w.shape[1] * w.shape[2] * w.shape[3]
+    groups, nkb = wpack.shape[0], wpack.shape[1]
+    Kg = K // groups
+    wflat = w.reshape(K, taps)
+    for gb in prange(groups * nkb):
+        g = gb // nkb
+        kb = gb % nkb
+        for kk in range(KB):
+            k = kb * KB + kk
+            if k < Kg:
+                for t in range(taps):
+                    wpack[g, kb, t, kk] = wflat[g * Kg + k, t]
+            else:
+                for t in range(taps):
+                    wpack[g, kb, t, kk] = 0
+
+
+@njit(inline="always")
+def copy_run(tile, row, start, out, dst, length):
+    """``out[dst:dst+length] = tile[row, start:start+length]`` in whole vectors, then a tail.
+
+    Written out so LLVM emits vector moves instead of a ``memcpy`` call per row piece.
+    """
+    i = 0
+    while i + 8 <= length:
+        for lane in range(8):
+            out[np.uint64(dst + i + lane)] = tile[row, np.uint64(start + i + lane)]
+        i += 8
+    while i < length:
+        out[np.uint64(dst + i)] = tile[row, np.uint64(start + i)]
+        i += 1
+
+
+@functools.lru_cache(maxsize=None)
+def direct_kernel(dtype: str, KB: int, QB: int):
+    """The register-blocked kernel for one ``(dtype, KB, QB)``; compiled on first call.
+
+    The returned function computes ``y`` from the source planes (see the module docstring)::
+
+        kernel(xs, image_stride, group_stride, tap_offsets, wpack, bias_packed, Ws, y)
+
+    xs : 1-D array (the planes, flattened)        # IN
+    image_stride, group_stride : int              # IN elements between images / groups in xs
+    tap_offsets : (C/groups*R*S,) int64           # IN
+    wpack : (groups, nkb, taps, KB)               # IN from :func:`pack_weights`
+    bias_packed : (groups, nkb, KB)               # IN zero where there is no bias
+    Ws : int                                      # IN pitch of a wide output row
+    y : (N, K, P, Q)                              # OUT every element written
+    """
+    scalar = np.dtype(dtype).type
+
+    @njit(parallel=True, cache=True, fastmath={"contract"})
+    def direct_conv_blocked(xs, image_stride, group_stride, tap_offsets, wpack, bias_packed, Ws,
+                            k_blocks_inner, y):
+        N, K, P, Q = y.shape
+        groups, nkb, taps = wpack.shape[0], wpack.shape[1], wpack.shape[2]
+        Kg = K // groups
+        wide_length = (P - 1) * Ws + Q
+        nqb = (wide_length + QB - 1) // QB
+        kb_outer = 1 if k_blocks_inner else nkb
+        # Position blocks per work item: enough to amortise the item's set-up, few enough
+        # that two threads still get even shares of small problems.
+        chunk = max(1, min(16, (groups * kb_outer * N * nqb) // 64))
+        nchunks = (nqb + chunk - 1) // chunk
+        yflat = y.reshape(-1)
+        for item in prange(groups * kb_outer * N * nchunks):
+            qc = item % nchunks
+            rest = item // nchunks
+            n = rest % N
+            rest //= N
+            kb_first = rest % kb_outer
+            g = rest // kb_outer
+            kb_last = nkb if k_blocks_inner else kb_first + 1
+            image_base = n * image_stride + g * group_stride
+            acc = stack_array_2d(KB, QB, scalar)
+            tile = stack_array_2d(KB, QB, scalar)
+            for qb in range(qc * chunk, min(nqb, (qc + 1) * chunk)):
+                j0 = qb * QB
+                if wide_length >= QB and j0 > wide_length - QB:
+                    j0 = wide_length - QB  # stay inside the image; recomputes a few outputs
+                base = image_base + j0
+                p0 = j0 // Ws
+                q0 = j0 - p0 * Ws
+                for kb in range(kb_first, kb_last):
+                    kvalid = min(KB, Kg - kb * KB)
+                    for kk in range(KB):
+                        for jj in range(QB):
+                            acc[kk, jj] = 0
+                    for t in range(taps):
+                        src = base + tap_offsets[t]
+                        for jj in range(QB):
+                            xv = xs[np.uint64(src + jj)]
+                            for kk in range(KB):
+                                acc[kk, jj] += wpack[g, kb, t, kk] * xv
+
+                    y_block = (n * K + g * Kg + kb * KB) * P * Q
+                    if q0 + QB <= Q:
+                        # The whole block lies in one output row: constant-length stores.
+                        for kk in range(KB):  # constant trip count: acc stays in registers
+                            if kk < kvalid:
+                                bk = bias_packed[g, kb, kk]
+                                dst = y_block + kk * P * Q + p0 * Q + q0
+                                for jj in range(QB):
+                                    yflat[np.uint64(dst + jj)] = acc[kk, jj] + bk
+                        continue
+                    for kk in range(KB):
+                        bk = bias_packed[g, kb, kk]
+                        for jj in range(QB):
+                            tile[kk, jj] = acc[kk, jj] + bk
+                    # The block wraps: scatter it row piece by row piece, dropping columns q >= Q.
+                    pos = 0
+                    p = p0
+                    q = q0
+                    while pos < QB and j0 + pos < wide_length:
+                        run = min(Ws - q, QB - pos)
+                        if q < Q:
+                            m = min(run, Q - q)
+                            for kk in range(kvalid):
+                                copy_run(tile, kk, pos, yflat, y_block + kk * P * Q + p * Q + q, m)
+                        pos += run
+                        p += 1
+                        q = 0
+
+    return direct_conv_blocked
+
+
+# ------------------------------------------------------------------------------------------
+# Module contract
+# ------------------------------------------------------------------------------------------
+def supports(problem):
+    """None: direct convolution serves every valid problem."""
+    return None
+
+
+def conv2d(problem, x, w, bias, device):
+    """Direct convolution of ``x`` with ``w`` (see :mod:`convlib.registry` for the contract).
+
+    Parameters
+    ----------
+    problem : ConvProblem
+    x : (N, C, H, W) numpy array of ``problem.dtype``, C-contiguous
+    w : (K, C/groups, R, S) numpy array
+    bias : (K,) numpy array or None
+    device : None
+
+    Returns
+    -------
+    (N, K, P, Q) numpy array, newly allocated
+    """
+    dtype = np.dtype(problem.dtype)
+    N, K, P, Q = problem.y_shape
+    y = np.empty((N, K, P, Q), dtype=dtype)
+    if N == 0:
+        return y
+    blk = choose_blocking(problem)
+    KB, QB = blk.KB, blk.QB
+    groups = problem.groups
+    Kg, Cg = problem.K_per_group, problem.C_per_group
+    nkb = -(-Kg // KB)
+    taps = Cg * problem.R * problem.S
+
+    planes = _planes(problem, QB)
+    plane_block = planes.planes_per_channel * planes.Hs * planes.Ws
+    if planes.copy:
+        # A zero tail of QB elements: a block longer than a whole image reads into it.
+        buffer = np.empty(planes.elements(problem) + QB, dtype=dtype)
+        buffer[planes.elements(problem):] = 0
+        xs6 = buffer[: planes.elements(problem)].reshape(
+            N, problem.C, len(planes.phases_h), len(planes.phases_w), planes.Hs, planes.Ws
+        )
+        gather_source_planes(
+            x, np.asarray(planes.phases_h, dtype=np.int64), np.asarray(planes.phases_w, dtype=np.int64),
+            problem.stride[0], problem.stride[1], problem.pad_top, problem.pad_left, xs6,
+        )
+        xs = buffer
+    else:
+        xs = x.reshape(-1)
+
+    wpack = np.empty((groups, nkb, taps, KB), dtype=dtype)
+    pack_weights(w, KB, wpack)
+    bias_packed = np.zeros((groups, nkb * KB), dtype=dtype)
+    if bias is not None:
+        bias_packed[:, :Kg] = bias.reshape(groups, Kg)
+    bias_packed = bias_packed.reshape(groups, nkb, KB)
+
+    kernel = direct_kernel(problem.dtype, KB, QB)
+    kernel(
+        xs, problem.C * plane_block, Cg * plane_block, _tap_offsets(problem, planes),
+        wpack, bias_packed, planes.Ws, k_blocks_inner(problem, KB), y,
+    )
+    return y
