@@ -5,7 +5,9 @@ filters and B the *implicit* im2col matrix, ``Kgemm = C/groups * R * S``. The fi
 onto the device as follows (names as in :mod:`convlib.sycl.blocking` and BLIS itself):
 
 ``jc`` (host loop)
-    over blocks of ``NC`` columns of B (output pixels of the whole batch).
+    over blocks of at most ``NC`` columns of B (output pixels of the whole batch), cut at
+    output-row boundaries: a block is ``NC // Q`` whole rows ``(n, p)``, or a segment of one
+    row when ``Q > NC``, so the packing kernel needs no per-item division.
 ``pc`` (host loop)
     over blocks of ``KC`` rows of B (``c, r, s`` taps). :func:`pack_b_kernel` gathers the
     ``KC x NC`` panel ``Bc`` straight from the (zero-padded) NCHW image: packing *is* the im2col,
@@ -36,7 +38,7 @@ import functools
 
 from ..problem import ConvProblem
 from . import runtime
-from .blocking import blocking_for
+from .blocking import blocking_for, row_work_group
 from .common import bias_or_zeros, device_empty, element_type, launch, zero_padded_input
 
 
@@ -47,7 +49,13 @@ def supports(problem: ConvProblem) -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def pack_b_kernel():
-    """The kernel gathering one ``KC x NC`` panel of the implicit im2col matrix from the image."""
+    """The kernel gathering one ``KC x NC`` panel of the implicit im2col matrix from the image.
+
+    A panel covers ``nrows`` whole output rows ``(n, p)`` (or one segment of a row wider than
+    ``NC``), ``ncols`` pixels each: its column ``j = row * ncols + q``. The range is
+    ``(kc, nrows, ncols)``, so no work-item divides to find its pixel (a flat range over ``j``
+    with two divisions per item packed 2x slower).
+    """
     mods = runtime.load()
     dpex, kapi = mods.dpex, mods.kapi
 
@@ -55,26 +63,30 @@ def pack_b_kernel():
     def pack_b_from_image(
         nd: kapi.NdItem,
         x,  # IN  (N, C, Hp, Wp) zero-padded input
-        panel,  # OUT (KC, NC): rows pc .. pc+kc-1, columns jc .. jc+nc-1 of B for group g
-        c0, pc, jc, kc, nc, R, S, P, Q, stride_h_arg, stride_w_arg, dil_h_arg, dil_w_arg,
+        panel,  # OUT (KC, NC): rows pc .. pc+kc-1 of B for group g, columns (row0 + row, q0 + q)
+        c0_arg, pc_arg, row0_arg, q0_arg, kc, nrows, ncols, R_arg, S_arg, P_arg,
+        stride_h_arg, stride_w_arg, dil_h_arg, dil_w_arg,
     ):
-        stride_h = max(stride_h_arg, 1)  # provably non-negative indices (see direct.py)
-        stride_w = max(stride_w_arg, 1)
-        dil_h = max(dil_h_arg, 1)
-        dil_w = max(dil_w_arg, 1)
+        # Clamped so the compiler can prove every index and divisor positive: numba's floor
+        # division and negative-index wraparound then compile to plain unsigned arithmetic.
+        c0, pc, row0, q0 = max(c0_arg, 0), max(pc_arg, 0), max(row0_arg, 0), max(q0_arg, 0)
+        R, S, P = max(R_arg, 1), max(S_arg, 1), max(P_arg, 1)
+        stride_h, stride_w = max(stride_h_arg, 1), max(stride_w_arg, 1)
+        dil_h, dil_w = max(dil_h_arg, 1), max(dil_w_arg, 1)
         kk = nd.get_global_id(0)
-        j = nd.get_global_id(1)
-        if kk < kc and j < nc:
+        row = nd.get_global_id(1)
+        q = nd.get_global_id(2)
+        if kk < kc and row < nrows and q < ncols:
             tap = pc + kk
-            s = tap % S
-            r = (tap // S) % R
             c = tap // (R * S)
-            col = jc + j
-            pq = col % (P * Q)
-            n = col // (P * Q)
-            p = pq // Q
-            q = pq % Q
-            panel[kk, j] = x[n, c0 + c, p * stride_h + r * dil_h, q * stride_w + s * dil_w]
+            rs = tap - c * (R * S)
+            r = rs // S
+            s = rs - r * S
+            n = (row0 + row) // P
+            p = (row0 + row) - n * P
+            panel[kk, row * ncols + q] = x[
+                n, c0 + c, p * stride_h + r * dil_h, (q0 + q) * stride_w + s * dil_w
+            ]
 
     return pack_b_from_image
 
@@ -93,17 +105,20 @@ def gemm_packed_kernel(MR: int, dtype: str):
         b_panel,  # IN  (KC, NC): packed image panel
         bias,  # IN  (K,)
         y,  # INOUT (N, K, PQ): C; read back when first == 0
-        g, pc, jc, kc, nc, Kg, first,
+        g_arg, pc_arg, row0_arg, q0_arg, kc, nrows, ncols, Kg_arg, P_arg, Q_arg, first,
     ):
+        # Clamped: provably positive indices and divisors (see pack_b_from_image).
+        g, pc, row0, q0 = max(g_arg, 0), max(pc_arg, 0), max(row0_arg, 0), max(q0_arg, 0)
+        Kg, P, Q, width = max(Kg_arg, 1), max(P_arg, 1), max(Q_arg, 1), max(ncols, 1)
         micro_panel = nd.get_global_id(0)
         j = nd.get_global_id(1)
-        PQ = y.shape[2]
         m0 = micro_panel * MR
         k0 = g * Kg + m0
-        if j < nc:
-            col = jc + j
-            n = col // PQ
-            pq = col % PQ
+        if j < nrows * width:
+            row = j // width  # where this column of C lives in y: once per item, not per tap
+            q = j - row * width
+            n = (row0 + row) // P
+            pq = ((row0 + row) - n * P) * Q + q0 + q
             acc = kapi.PrivateArray(MR, acc_type)
             for i in range(MR):
                 acc[i] = 0
@@ -156,7 +171,7 @@ def conv2d(problem: ConvProblem, x, w, bias, device):
     MR = blk.gemm_mb
     Kg, Kgemm, Ngemm, PQ = p.K_per_group, p.gemm_k, p.gemm_n, p.P * p.Q
     KC = min(blk.blis_kc, Kgemm)
-    NC = min(blk.blis_nc, Ngemm)
+    NC = min(blk.blis_nc, max(Ngemm, 1))
     y = device_empty(p.y_shape, p.dtype, device)
     y3 = dpt.reshape(y, (p.N, p.K, PQ))
     x_padded = zero_padded_input(p, x)
@@ -166,18 +181,25 @@ def conv2d(problem: ConvProblem, x, w, bias, device):
     pack_b = pack_b_kernel()
     micro = gemm_packed_kernel(MR, p.dtype)
     micro_panels = a_panels.shape[1]
+    # jc loop: panels of whole output rows (n, p), or segments of one row wider than NC.
+    ncols_max = min(p.Q, NC)
+    rows_per_panel = max(1, NC // p.Q) if p.Q <= NC else 1
+    pack_group = (1,) + row_work_group(device.sycl_device, blk.pack_wg, ncols_max)
     for g in range(p.groups):
-        for jc in range(0, Ngemm, NC):
-            nc = min(NC, Ngemm - jc)
-            for pc in range(0, Kgemm, KC):
-                kc = min(KC, Kgemm - pc)
-                launch(
-                    pack_b, (kc, nc), tuple(blk.pack_wg), device,
-                    x_padded, b_panel, g * p.C_per_group, pc, jc, kc, nc, p.R, p.S, p.P, p.Q,
-                    p.stride[0], p.stride[1], p.dilation[0], p.dilation[1],
-                )
-                launch(
-                    micro, (micro_panels, nc), (1, blk.gemm_wg), device,
-                    a_panels, b_panel, bias_full, y3, g, pc, jc, kc, nc, Kg, 1 if pc == 0 else 0,
-                )
+        for row0 in range(0, p.N * p.P, rows_per_panel):
+            nrows = min(rows_per_panel, p.N * p.P - row0)
+            for q0 in range(0, p.Q, ncols_max):
+                ncols = min(ncols_max, p.Q - q0)
+                for pc in range(0, Kgemm, KC):
+                    kc = min(KC, Kgemm - pc)
+                    launch(
+                        pack_b, (kc, nrows, ncols), pack_group, device,
+                        x_padded, b_panel, g * p.C_per_group, pc, row0, q0, kc, nrows, ncols,
+                        p.R, p.S, p.P, p.stride[0], p.stride[1], p.dilation[0], p.dilation[1],
+                    )
+                    launch(
+                        micro, (micro_panels, nrows * ncols), (1, blk.gemm_wg), device,
+                        a_panels, b_panel, bias_full, y3, g, pc, row0, q0, kc, nrows, ncols,
+                        Kg, p.P, p.Q, 1 if pc == 0 else 0,
+                    )
     return y

@@ -9,16 +9,17 @@ private registers. Local-memory tiling was 2-4x slower on the CPU device, so no 
 
 =================  ==================================================================================
 ``direct_kb``      output channels per work-item in ``direct`` (register block; compile-time)
-``direct_wg``      work-group ``(rows, columns)`` of ``direct`` over output rows ``p`` x columns ``q``
-``im2col_wg``      work-group ``(rows, columns)`` of the im2col (column-matrix) kernel over ``p x q``
+``direct_wg``      work-items per work-group of ``direct``, over output rows ``p`` x columns ``q``
+``im2col_wg``      work-group size along the output pixels ``p*Q + q`` of the im2col kernel
 ``gemm_mb``        rows of C per work-item in our GEMM kernels (im2col's and blis'); compile-time
 ``gemm_wg``        work-group size along the columns of C in those GEMM kernels
 ``blis_kc``        depth of a packed B panel (``KC``: ``c, r, s`` taps per ``pc`` block)
 ``blis_nc``        columns of a packed B panel (``NC``: output pixels per ``jc`` block)
-``pack_wg``        work-group ``(rows, columns)`` of the packing kernel over a ``KC x NC`` panel
+``pack_wg``        work-items per work-group of blis' packing kernel (over output rows x columns)
 =================  ==================================================================================
 
-Register blocks (``direct_kb``, ``gemm_mb``) are compile-time constants of the kernels (a new value
+Two-dimensional work-groups over output rows x columns are shaped by :func:`row_work_group` from
+the item count in the table and the row length. Register blocks (``direct_kb``, ``gemm_mb``) are compile-time constants of the kernels (a new value
 compiles a new kernel, 0.2-1 s); work-group sizes and panel sizes are launch parameters and never
 recompile. Every work-group is clamped to the device's ``max_work_group_size`` and
 ``max_work_item_sizes`` (a larger one runs *silently wrong* on the OpenCL CPU runtime), and the
@@ -35,23 +36,23 @@ class SyclBlocking:
     """One row of the table (see the module docstring for the fields)."""
 
     direct_kb: int
-    direct_wg: tuple[int, int]
-    im2col_wg: tuple[int, int]
+    direct_wg: int
+    im2col_wg: int
     gemm_mb: int
     gemm_wg: int
     blis_kc: int
     blis_nc: int
-    pack_wg: tuple[int, int]
+    pack_wg: int
 
 
 #: (device kind, dtype) -> blocking. "cpu": the OpenCL CPU device, measured here (AVX2 target:
 #: 8 float32 lanes, 16 vector registers, so 8 accumulators per work-item leave room for operands).
 #: "gpu": untested starting values for an Intel GPU (sub-group 16/32; larger groups).
 BLOCKING = {
-    ("cpu", "float32"): SyclBlocking(8, (1, 64), (1, 64), 8, 64, 256, 4096, (1, 64)),
-    ("cpu", "float64"): SyclBlocking(8, (1, 64), (1, 64), 8, 64, 256, 2048, (1, 64)),
-    ("gpu", "float32"): SyclBlocking(8, (4, 64), (4, 64), 8, 128, 256, 8192, (4, 64)),
-    ("gpu", "float64"): SyclBlocking(8, (4, 32), (4, 32), 8, 128, 256, 4096, (4, 32)),
+    ("cpu", "float32"): SyclBlocking(8, 64, 256, 8, 64, 256, 4096, 64),
+    ("cpu", "float64"): SyclBlocking(8, 64, 256, 8, 64, 256, 2048, 64),
+    ("gpu", "float32"): SyclBlocking(8, 256, 256, 8, 128, 256, 8192, 256),
+    ("gpu", "float64"): SyclBlocking(8, 128, 256, 8, 128, 256, 4096, 128),
 }
 
 #: Set by tests and experiments (:func:`override`): replaces fields of every looked-up row.
@@ -128,3 +129,17 @@ def register_block(extent: int, table_value: int) -> int:
     while block * 2 <= table_value and extent % (block * 2) == 0:
         block *= 2
     return block
+
+
+def row_work_group(device, items: int, row_length: int) -> tuple[int, int]:
+    """A work-group ``(rows, columns)`` of about ``items`` work-items over rows of ``row_length``.
+
+    Columns (the vectorised dimension) get the smallest power of two covering the row, up to
+    ``items``; the remaining factor goes to rows. So a 7-wide output (ResNet's last stage) runs
+    8 x 8 groups with 7 of 8 lanes busy instead of 1 x 64 groups with 7 of 64 busy.
+    """
+    columns = 1
+    while columns < min(row_length, items):
+        columns *= 2
+    rows = max(1, items // columns)
+    return work_group(device, (rows, columns))

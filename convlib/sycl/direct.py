@@ -23,7 +23,7 @@ import functools
 
 from ..problem import ConvProblem
 from . import runtime
-from .blocking import blocking_for, register_block
+from .blocking import blocking_for, register_block, row_work_group
 from .common import bias_or_zeros, device_empty, element_type, launch, zero_padded_input
 
 
@@ -106,7 +106,7 @@ def conv2d(problem: ConvProblem, x, w, bias, device):
     launch(
         kernel,
         (p.N * (p.K // kb), p.P, p.Q),
-        (1,) + tuple(blk.direct_wg),
+        (1,) + row_work_group(device.sycl_device, blk.direct_wg, p.Q),
         device,
         zero_padded_input(p, x), w, bias_or_zeros(p, bias, device), y,
         p.C_per_group, p.K_per_group, p.stride[0], p.dilation[0], p.dilation[1],
