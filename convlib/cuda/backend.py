@@ -34,9 +34,13 @@ from .launch import cuda
 INSTALL_HINT = "install it with: pip install 'convlib[cuda]' (numba-cuda; it needs numba >= 0.60)"
 
 
+def _numba_cuda_installed() -> bool:
+    return importlib.util.find_spec("numba_cuda") is not None
+
+
 @functools.cache
 def _unavailable_reason() -> str | None:
-    if importlib.util.find_spec("numba_cuda") is None:
+    if not _numba_cuda_installed():
         return f"numba-cuda is not installed; {INSTALL_HINT}"
     if cuda is None:
         return f"numba.cuda failed to import; {INSTALL_HINT}"

@@ -15,6 +15,7 @@ constants and the dtype; the result goes through ``cuda.jit`` like any other ker
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import numpy as np
@@ -49,6 +50,11 @@ def compile_kernel(source: str, name: str, namespace: dict, *, simulator: bool, 
     """
     scope = {"cuda": cuda, "U": np.uint64 if cuda is None else _uint64(), "I": _int64()}
     scope.update(namespace)
+    # U(123) -> u123, a uint64 global: numba freezes it as a constant without typing a call each
+    # time (typing thousands of casts dominated the compile time).
+    literals = {int(n) for n in _UNSIGNED_LITERAL.findall(source)}
+    scope.update({f"u{n}": np.uint64(n) for n in literals})
+    source = _UNSIGNED_LITERAL.sub(lambda m: f"u{m.group(1)}", source)
     code = compile(textwrap.dedent(source), f"<convlib.cuda generated {name}>", "exec")
     exec(code, scope)  # noqa: S102 - our own generated source
     function = scope[name]
@@ -56,6 +62,9 @@ def compile_kernel(source: str, name: str, namespace: dict, *, simulator: bool, 
     if simulator or launch_bounds is None:
         return cuda.jit(function)
     return cuda.jit(function, launch_bounds=launch_bounds)
+
+
+_UNSIGNED_LITERAL = re.compile(r"\bU\((\d+)\)")
 
 
 def _uint64():

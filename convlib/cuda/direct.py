@@ -3,18 +3,23 @@
 One thread block computes a ``TH x TW`` tile of output pixels of one image for ``KB`` output
 channels of one group (:class:`~convlib.cuda.blocking.DirectTile`). It walks the group's input
 channels ``CB`` at a time: the block stages their input tile, halo included
-(``(TH-1)*sh + (R-1)*dh + 1`` rows by ``(TW-1)*sw + (S-1)*dw + 1`` columns), and the matching
-``KB x CB x R x S`` filters in shared memory, then every thread accumulates ``KB x RPT x JPT``
-outputs in registers: ``RPT`` consecutive rows (so each staged input value feeds up to ``R`` of
-them) times ``JPT`` columns ``TW/JPT`` apart (so a warp reads consecutive shared words and writes
-consecutive output words). Each staged input value is read from device memory once per block,
-each output written once: for few channels this keeps the kernel at the memory floor.
+(``(TH-1)*sh + (R-1)*dh + 1`` rows by ``(TW-1)*sw + (S-1)*dw + 1`` columns, warps copying rows,
+lanes consecutive columns), and the matching ``KB x CB x R x S`` filters in shared memory; then
+every thread accumulates ``KB x RPT x JPT`` outputs in registers: ``RPT`` consecutive rows (so each
+staged input value it reads feeds up to ``R`` of them) times ``JPT`` columns ``TW/JPT`` apart (so a
+warp reads consecutive shared words and writes consecutive output words). Each input value is read
+from device memory about once, each output written once: for few channels the kernel runs near
+the memory floor.
 
-When even the smallest tile's halo outgrows shared memory (very large dilations or filters), the
-same kernel is built without staging and reads ``x`` and ``w`` through the cache.
+The per-tap step is generated source (:mod:`convlib.cuda.codegen`): the ``RPT x JPT`` pixels and
+the ``KB`` channels are unrolled into named accumulators, each shared read is one load at a
+constant offset from the tap's base, and the taps are a loop.
+
+When even the smallest tile's halo outgrows shared memory (very large dilations or filters), a
+plain kernel without staging, one output per thread, reads ``x`` and ``w`` through the cache.
 
 Cost of a new shape: every size except the batch is a compile-time constant, so a new shape
-compiles a new kernel (about a second); the batch size is a run-time argument.
+compiles a new kernel (one to a few seconds); the batch size is a run-time argument.
 """
 
 from __future__ import annotations
@@ -23,19 +28,155 @@ import functools
 
 import numpy as np
 
-from .blocking import SIMULATOR_DIRECT_TILE, DirectTile, choose_direct_tile
+from .blocking import DirectTile, choose_direct_tile
+from .codegen import compile_kernel, indent, unsigned_constants
 from .gemm import shape_key
 from .launch import MAX_GRID_Y, cuda, flat, placeholder_bias
-
 
 def supports(problem) -> str | None:
     """Every valid problem is served (see the module docstring for the unstaged fallback)."""
     return None
 
 
+def direct_source(key, tile: DirectTile) -> tuple[str, dict]:
+    """The generated staged kernel's source and constants (see the module docstring)."""
+    dtype = np.dtype(key.dtype)
+    R, S = key.R, key.S
+    sh, sw = key.stride
+    dh, dw = key.dilation
+    Cg, Kg = key.C_per_group, key.K_per_group
+    RPT, JPT = tile.RPT, tile.JPT
+    KB, CB = min(tile.KB, Kg), min(tile.CB, Cg)
+    TX = tile.TW // tile.JPT
+    NT = tile.threads
+    IN_H, IN_W = tile.input_tile(key)
+    LANES = min(32, NT)
+    ROWS_PER_PASS = NT // LANES
+    COL_PASSES = -(-IN_W // LANES)
+    check_c = Cg % CB != 0
+    check_k = Kg % KB != 0
+
+    # Staging: lane l copies columns l, l + LANES, ... of each row its warp takes.
+    column_setup = []
+    for t in range(COL_PASSES):
+        column_setup += [
+            f"iw_{t} = iw_base + I(lane + U({LANES * t}))",
+            f"col_ok_{t} = lane + U({LANES * t}) < IN_W",
+            f"src_ok_{t} = U(iw_{t}) < W",
+        ]
+    row_copy = []
+    for t in range(COL_PASSES):
+        row_copy += [
+            f"if col_ok_{t}:",
+            f"    x_stage[dst + U({LANES * t})] = x[src + U(iw_{t})] if row_ok and src_ok_{t} else zero",
+        ]
+
+    # One filter tap per iteration of two (uint64) loops over r and s: KB filter values, RPT x JPT
+    # input values, KB x RPT x JPT multiply-adds. Unrolling the taps too would let taps share input
+    # values, but it multiplied numba's compile time and spilled the accumulators.
+    channel_step = [
+        "for r in range(R):",
+        "    for s in range(S):",
+        "        x_tap = xc + r * (DH * IN_W) + s * DW",
+        "        w_tap = wc + r * S + s",
+    ]
+    channel_step += [f"        w_{k} = w_stage[w_tap + U({k * CB * R * S})]" for k in range(KB)]
+    channel_step += [
+        f"        x_{i}_{j} = x_stage[x_tap + U({i * sh * IN_W + j * TX * sw})]" for i in range(RPT) for j in range(JPT)
+    ]
+    channel_step += [
+        f"        acc_{k}_{i}_{j} += x_{i}_{j} * w_{k}" for k in range(KB) for i in range(RPT) for j in range(JPT)
+    ]
+
+    epilogue = []
+    for k in range(KB):
+        guard = [f"k0 + U({k}) < KG"] if check_k else []
+        epilogue.append(f"if {' and '.join(guard) or 'True'}:")
+        bias = f"bias[g * KG + k0 + U({k})]" if key.has_bias else "zero"
+        epilogue.append(f"    b = {bias}")
+        for i in range(RPT):
+            epilogue.append(f"    if p_first + U({i}) < P:")
+            for j in range(JPT):
+                epilogue += [
+                    f"        if q_first + U({j * TX}) < Q:",
+                    f"            y[out + U({k * key.P * key.Q + i * key.Q + j * TX})] = acc_{k}_{i}_{j} + b",
+                ]
+
+    source = f'''
+def direct(x, w, bias, y, image0):
+    # IN x (N*C*H*W), IN w (K*Cg*R*S), IN bias (K,), OUT y (N*K*P*Q)
+    x_stage = cuda.shared.array(X_STAGE_LEN, dtype)   # CB x IN_H x IN_W input tile with halo
+    w_stage = cuda.shared.array(W_STAGE_LEN, dtype)   # KB x CB x R x S filters
+    tid = U(cuda.threadIdx.x)
+    block = U(cuda.blockIdx.x)
+    group_chunk = block // TILES
+    tile_id = block - group_chunk * TILES
+    g = group_chunk // K_CHUNKS
+    k0 = (group_chunk - g * K_CHUNKS) * KB
+    img = U(image0) + U(cuda.blockIdx.y)
+    tp = tile_id // TILES_Q
+    p0 = tp * TH
+    q0 = (tile_id - tp * TILES_Q) * TW
+    ih_base = I(p0 * SH) - TOP
+    iw_base = I(q0 * SW) - LEFT
+    x_image = (img * C + g * CG) * HW
+    w_group = (g * KG + k0) * (CG * RS)
+    lane = tid % LANES
+    warp = tid // LANES
+{indent(column_setup, 1)}
+    tx = tid % TX
+    ty = tid // TX
+    x_thread = ty * (RPT * SH * IN_W) + tx * SW
+{indent([f"acc_{k}_{i}_{j} = zero" for k in range(KB) for i in range(RPT) for j in range(JPT)], 1)}
+    for cc in range(C_CHUNKS):
+        c0 = cc * CB
+        for pass_ in range(ROW_PASSES):
+            row_id = warp + pass_ * ROWS_PER_PASS
+            if row_id < CB * IN_H:
+                c = row_id // IN_H
+                row = row_id - c * IN_H
+                ih = ih_base + I(row)
+                row_ok = {"c0 + c < CG and " if check_c else ""}U(ih) < H
+                src = x_image + (c0 + c) * HW + U(ih) * W if row_ok else U(0)
+                dst = row_id * IN_W + lane
+{indent(row_copy, 4)}
+        e = tid
+        while e < KB * CB * RS:
+            k = e // (CB * RS)
+            rest = e - k * (CB * RS)
+            c = rest // RS
+            ok = {"k0 + k < KG and " if check_k else ""}{"c0 + c < CG" if check_c else "True"}
+            w_stage[e] = w[w_group + k * (CG * RS) + (c0 + c) * RS + (rest - c * RS)] if ok else zero
+            e += NT
+        cuda.syncthreads()
+        for c in range(CB):
+            xc = x_thread + c * (IN_H * IN_W)
+            wc = c * RS
+{indent(channel_step, 3)}
+        cuda.syncthreads()
+    p_first = p0 + ty * RPT
+    q_first = q0 + tx
+    out = ((img * K + g * KG + k0) * P + p_first) * Q + q_first
+{indent(epilogue, 1)}
+'''
+    P, Q = key.P, key.Q
+    constants = unsigned_constants(
+        C=key.C, K=key.K, H=key.H, W=key.W, HW=key.H * key.W, R=R, S=S, RS=R * S, SH=sh, SW=sw, DH=dh, DW=dw,
+        CG=Cg, KG=Kg, KB=KB, CB=CB, P=P, Q=Q, TH=tile.TH, TW=tile.TW, TX=TX, RPT=RPT, NT=NT,
+        IN_H=IN_H, IN_W=IN_W, LANES=LANES, ROWS_PER_PASS=ROWS_PER_PASS,
+        ROW_PASSES=-(-(CB * IN_H) // ROWS_PER_PASS), C_CHUNKS=-(-Cg // CB), K_CHUNKS=-(-Kg // KB),
+        TILES_Q=-(-Q // tile.TW), TILES=-(-P // tile.TH) * -(-Q // tile.TW),
+    )
+    constants.update(
+        TOP=np.int64(key.pad_top), LEFT=np.int64(key.pad_left), dtype=dtype, zero=dtype.type(0),
+        X_STAGE_LEN=CB * IN_H * IN_W, W_STAGE_LEN=KB * CB * R * S,
+    )
+    return source, constants
+
+
 @functools.lru_cache(maxsize=None)
-def direct_kernel(key, tile: DirectTile, staged: bool):
-    """The direct kernel for the problem shape ``key`` and ``tile``.
+def direct_kernel(key, tile: DirectTile, simulator: bool = False):
+    """The staged direct kernel for the problem shape ``key`` and ``tile``.
 
     Returns
     -------
@@ -43,121 +184,46 @@ def direct_kernel(key, tile: DirectTile, staged: bool):
         Flat ``x``, ``w``, ``y``; ``bias`` ``(K,)``; computes images ``image0 + blockIdx.y``.
         Launch with :func:`direct_launch_shape`.
     """
+    source, constants = direct_source(key, tile)
+    return compile_kernel(source, "direct", constants, simulator=simulator, launch_bounds=(tile.threads, 2))
+
+
+@functools.lru_cache(maxsize=None)
+def unstaged_kernel(key):
+    """``kernel(x, w, bias, y, image0)``: one output per thread, no staging (huge halos only)."""
     dtype = np.dtype(key.dtype)
     zero = dtype.type(0)
-    has_bias = key.has_bias
     C, K, H, W, R, S = key.C, key.K, key.H, key.W, key.R, key.S
     Cg, Kg = key.C_per_group, key.K_per_group
     sh, sw = key.stride
     dh, dw = key.dilation
     top, left = key.pad_top, key.pad_left
     P, Q = key.P, key.Q
-    RS = R * S
-    TH, TW, RPT, JPT = tile.TH, tile.TW, tile.RPT, tile.JPT
-    KB, CB = min(tile.KB, Kg), min(tile.CB, Cg)
-    TX = TW // JPT
-    NT = tile.threads
-    IN_H, IN_W = tile.input_tile(key)
-    STAGE = IN_H * IN_W
-    K_CHUNKS, C_CHUNKS = -(-Kg // KB), -(-Cg // CB)
-    TILES_Q = -(-Q // TW)
-    TILES = -(-P // TH) * TILES_Q
-    # An unstaged kernel still declares (tiny) shared arrays: numba needs a constant shape.
-    X_SHAPE = (CB, IN_H, IN_W) if staged else (1, 1, 1)
-    W_SHAPE = (KB, CB, R, S) if staged else (1, 1, 1, 1)
+    has_bias = key.has_bias
 
-    def kernel(x, w, bias, y, image0):
-        # IN x (N*C*H*W), IN w (K*Cg*R*S), IN bias (K,), OUT y (N*K*P*Q)
-        x_stage = cuda.shared.array(X_SHAPE, dtype)
-        w_stage = cuda.shared.array(W_SHAPE, dtype)
-        acc = cuda.local.array((KB, RPT, JPT), dtype)
-
-        tid = cuda.threadIdx.x
-        block = cuda.blockIdx.x
-        group_chunk = block // TILES
-        tile_id = block - group_chunk * TILES
-        g = group_chunk // K_CHUNKS
-        k0 = (group_chunk - g * K_CHUNKS) * KB
-        img = image0 + cuda.blockIdx.y
-        tp = tile_id // TILES_Q
-        p0 = tp * TH
-        q0 = (tile_id - tp * TILES_Q) * TW
-        ih_base = p0 * sh - top
-        iw_base = q0 * sw - left
-        tx = tid % TX
-        ty = tid // TX
-        x_image = (img * C + g * Cg) * (H * W)
-        w_group = (g * Kg + k0) * (Cg * RS)
-
-        for k in range(KB):
-            for i in range(RPT):
-                for j in range(JPT):
-                    acc[k, i, j] = zero
-
-        for cc in range(C_CHUNKS):
-            c0 = cc * CB
-            if staged:
-                for e in range(tid, CB * STAGE, NT):
-                    c = e // STAGE
-                    rest = e - c * STAGE
-                    row = rest // IN_W
-                    col = rest - row * IN_W
-                    ih = ih_base + row
-                    iw = iw_base + col
-                    value = zero
-                    if c0 + c < Cg and 0 <= ih < H and 0 <= iw < W:
-                        value = x[x_image + (c0 + c) * (H * W) + ih * W + iw]
-                    x_stage[c, row, col] = value
-                for e in range(tid, KB * CB * RS, NT):
-                    k = e // (CB * RS)
-                    rest = e - k * (CB * RS)
-                    c = rest // RS
-                    rs = rest - c * RS
-                    r = rs // S
-                    value = zero
-                    if k0 + k < Kg and c0 + c < Cg:
-                        value = w[w_group + k * (Cg * RS) + (c0 + c) * RS + rs]
-                    w_stage[k, c, r, rs - r * S] = value
-                cuda.syncthreads()
-            for c in range(CB):
+    def unstaged(x, w, bias, y, image0):
+        # IN x (N*C*H*W), IN w (K*Cg*R*S), IN bias (K,), OUT y (N*K*P*Q); grid (K*P*Q, images)
+        e = cuda.grid(1)
+        if e < K * P * Q:
+            img = image0 + cuda.blockIdx.y
+            ko = e // (P * Q)
+            pq = e - ko * (P * Q)
+            p = pq // Q
+            q = pq - p * Q
+            g = ko // Kg
+            total = bias[ko] if has_bias else zero
+            for c in range(Cg):
                 for r in range(R):
-                    for s in range(S):
-                        for i in range(RPT):
-                            for j in range(JPT):
-                                row = (ty * RPT + i) * sh + r * dh
-                                col = (tx + TX * j) * sw + s * dw
-                                if staged:
-                                    xv = x_stage[c, row, col]
-                                else:
-                                    ih = ih_base + row
-                                    iw = iw_base + col
-                                    xv = zero
-                                    if c0 + c < Cg and 0 <= ih < H and 0 <= iw < W:
-                                        xv = x[x_image + (c0 + c) * (H * W) + ih * W + iw]
-                                for k in range(KB):
-                                    if staged:
-                                        wv = w_stage[k, c, r, s]
-                                    else:
-                                        wv = zero
-                                        if k0 + k < Kg and c0 + c < Cg:
-                                            wv = w[w_group + k * (Cg * RS) + (c0 + c) * RS + r * S + s]
-                                    acc[k, i, j] += xv * wv
-            if staged:
-                cuda.syncthreads()
+                    ih = p * sh - top + r * dh
+                    if 0 <= ih < H:
+                        for s in range(S):
+                            iw = q * sw - left + s * dw
+                            if 0 <= iw < W:
+                                total += (x[((img * C + g * Cg + c) * H + ih) * W + iw]
+                                          * w[((ko * Cg + c) * R + r) * S + s])
+            y[(img * K + ko) * (P * Q) + pq] = total
 
-        for k in range(KB):
-            ko = g * Kg + k0 + k
-            if k0 + k < Kg:
-                b = bias[ko] if has_bias else zero
-                for i in range(RPT):
-                    p = p0 + ty * RPT + i
-                    if p < P:
-                        for j in range(JPT):
-                            q = q0 + tx + TX * j
-                            if q < Q:
-                                y[((img * K + ko) * P + p) * Q + q] = acc[k, i, j] + b
-
-    return cuda.jit(kernel)
+    return cuda.jit(unstaged)
 
 
 def direct_launch_shape(problem, tile: DirectTile, n_images: int) -> tuple[tuple[int, int], int]:
@@ -176,13 +242,19 @@ def conv2d(problem, x, w, bias, device):
         if problem.N == 0:
             return y
         tile = choose_direct_tile(problem, target.simulator)
-        staged = tile is not None
-        if tile is None:
-            tile = SIMULATOR_DIRECT_TILE if target.simulator else DirectTile(TH=4, TW=64, RPT=1, JPT=2, KB=1, CB=1)
-        kernel = direct_kernel(shape_key(problem), tile, staged)
+        key = shape_key(problem)
         b = bias if bias is not None else placeholder_bias(problem.dtype, target)
         xf, wf, yf = flat(x), flat(w), flat(y)
+        if tile is not None:
+            kernel = direct_kernel(key, tile, target.simulator)
+        else:
+            kernel = unstaged_kernel(key)
+            threads = 8 if target.simulator else 128
         for image0 in range(0, problem.N, MAX_GRID_Y):
-            grid, block = direct_launch_shape(problem, tile, min(MAX_GRID_Y, problem.N - image0))
+            images = min(MAX_GRID_Y, problem.N - image0)
+            if tile is not None:
+                grid, block = direct_launch_shape(problem, tile, images)
+            else:
+                grid, block = (-(-(problem.K * problem.P * problem.Q) // threads), images), threads
             kernel[grid, block, target.stream](xf, wf, b, yf, image0)
     return y

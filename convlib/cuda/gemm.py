@@ -108,11 +108,12 @@ def gemm_source(key, tile: GemmTile, b_source: str, simulator: bool = False) -> 
     store = [f"a_stage[a_write + U({a_row_step * i})] = a_next_{i}" for i in range(tile.a_per_thread)]
     store += [f"b_stage[b_write + U({b_row_step * BN * i})] = b_next_{i}" for i in range(tile.b_per_thread)]
 
-    multiply = []
-    for kk in range(BK):
-        multiply += [f"a_{i} = a_stage[a_read + U({kk * BM + rows[i]})]" for i in range(TM)]
-        multiply += [f"b_{j} = b_stage[b_read + U({kk * BN + cols[j]})]" for j in range(TN)]
-        multiply += [f"acc_{i}_{j} += a_{i} * b_{j}" for i in range(TM) for j in range(TN)]
+    # The BK steps stay a (uint64) loop: unrolling them too multiplied numba's compile time by
+    # BK for a few percent of loop overhead.
+    multiply = ["a_step = a_read + kk * BM", "b_step = b_read + kk * BN"]
+    multiply += [f"a_{i} = a_stage[a_step + U({rows[i]})]" for i in range(TM)]
+    multiply += [f"b_{j} = b_stage[b_step + U({cols[j]})]" for j in range(TN)]
+    multiply += [f"acc_{i}_{j} += a_{i} * b_{j}" for i in range(TM) for j in range(TN)]
 
     epilogue = []
     for i in range(TM):
@@ -191,7 +192,8 @@ def gemm(b, w, bias, y, n_images):
         stage = kt & ONE
         a_read = stage * (BK * BM) + m_base
         b_read = stage * (BK * BN) + n_base
-{indent(multiply, 2)}
+        for kk in range(BK):
+{indent(multiply, 3)}
         if has_next:
             a_write = (stage ^ ONE) * (BK * BM) + a_store
             b_write = (stage ^ ONE) * (BK * BN) + b_store

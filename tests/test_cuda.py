@@ -1,0 +1,287 @@
+"""The CUDA backend: contract, device handling and result kinds.
+
+Runs in three places:
+
+* without numba-cuda (e.g. numba < 0.60): only the test that asking for CUDA says how to install
+  it runs; everything else skips;
+* under numba-cuda's simulator on any CPU (``NUMBA_ENABLE_CUDASIM=1 pytest tests/test_cuda.py``):
+  tiny shapes, tiny blocks (:data:`convlib.cuda.blocking.SIMULATOR_GEMM_TILES`), a few seconds;
+* on a GPU (``python -m convlib.cuda.gpu_check``): the same tests with larger shapes, plus CuPy,
+  PyTorch and numba device arrays, streams, non-contiguous inputs and both im2col GEMM engines.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+import convlib
+from convlib.backends import BackendUnavailable, get_backend
+from convlib.problem import ConvProblem
+
+from .reference import TOLERANCE, conv2d_reference_for, relative_error
+
+HAS_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
+ALGOS = ("direct", "im2col", "blis")
+
+
+def _cuda_state() -> str:
+    """"none" (numba-cuda missing or no device), "simulator" or "gpu"."""
+    if not HAS_NUMBA_CUDA or get_backend("cuda").unavailable_reason() is not None:
+        return "none"
+    from convlib.cuda.backend import simulator_active
+
+    return "simulator" if simulator_active() else "gpu"
+
+
+STATE = _cuda_state()
+needs_cuda = pytest.mark.skipif(STATE == "none", reason="numba-cuda with a GPU or NUMBA_ENABLE_CUDASIM=1 needed")
+needs_gpu = pytest.mark.skipif(STATE != "gpu", reason="needs a real CUDA GPU")
+pytestmark = pytest.mark.cuda
+
+# (N, C, H, W, K, R, S, stride, padding (top, bottom, left, right), dilation, groups, bias, dtype)
+SIMULATOR_CASES = {
+    "stride-asympad-dilation-groups-bias": (2, 4, 6, 5, 4, 3, 2, (2, 1), (1, 0, 2, 1), (1, 2), 2, True, "float32"),
+    "depthwise-pad-f64": (1, 3, 5, 4, 3, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 3, False, "float64"),
+    "1x1-stride2": (2, 3, 5, 5, 5, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1, True, "float32"),
+    "1x1-padded-f64": (1, 2, 3, 4, 3, 1, 1, (1, 1), (1, 0, 0, 1), (1, 1), 1, False, "float64"),
+    "unpadded-odd-K-f64": (1, 3, 5, 6, 5, 2, 3, (1, 1), (0, 0, 0, 0), (1, 1), 1, True, "float64"),
+}
+GPU_CASES = {
+    **SIMULATOR_CASES,
+    "3x3-pad1-many-tiles": (3, 20, 37, 45, 70, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True, "float32"),
+    "3x3-pad1-many-tiles-f64": (2, 20, 19, 33, 70, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True, "float64"),
+    "stem-7x7-s2": (2, 3, 45, 38, 64, 7, 7, (2, 2), (3, 3, 3, 3), (1, 1), 1, True, "float32"),
+    "1x1-deep": (2, 256, 14, 14, 130, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1, False, "float32"),
+    "1x1-s2-projection": (2, 64, 15, 15, 256, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1, True, "float32"),
+    "groups4-dilation2": (2, 16, 21, 19, 32, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2), 4, True, "float32"),
+    "depthwise-wide": (2, 40, 33, 131, 40, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 40, False, "float32"),
+    "seed-like": (2, 4, 130, 260, 4, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1), 1, False, "float32"),
+    "huge-dilation-unstaged": (1, 2, 300, 300, 3, 3, 3, (1, 1), (0, 0, 0, 0), (140, 140), 1, True, "float32"),
+    "filter-as-large-as-padded-input": (2, 2, 5, 4, 3, 5, 6, (1, 1), (0, 0, 1, 1), (1, 1), 1, True, "float64"),
+}
+CASES = GPU_CASES if STATE == "gpu" else SIMULATOR_CASES
+
+
+def make_problem(name) -> ConvProblem:
+    N, C, H, W, K, R, S, stride, padding, dilation, groups, bias, dtype = CASES[name]
+    return ConvProblem(N, C, H, W, K, R, S, stride, padding, dilation, groups, dtype, bias)
+
+
+def random_inputs(problem, seed=0):
+    rng = np.random.default_rng(seed)
+    dt = problem.dtype
+    x = rng.standard_normal(problem.x_shape).astype(dt)
+    w = rng.standard_normal(problem.w_shape).astype(dt)
+    b = rng.standard_normal(problem.K).astype(dt) if problem.has_bias else None
+    return x, w, b
+
+
+def call(problem, x, w, b, algo, device="cuda"):
+    return convlib.conv2d(
+        x, w, b, stride=problem.stride, padding=problem.padding, dilation=problem.dilation,
+        groups=problem.groups, algo=algo, device=device,
+    )
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Every array the CUDA algorithms allocate starts as NaN: an unwritten output cannot pass."""
+    from convlib.cuda.backend import CudaTarget
+
+    plain_empty = CudaTarget.empty
+
+    def nan_empty(self, shape, dtype):
+        arr = plain_empty(self, shape, dtype)
+        if arr.size:
+            arr.copy_to_device(np.full(arr.shape, np.nan, dtype=dtype))
+        return arr
+
+    monkeypatch.setattr(CudaTarget, "empty", nan_empty)
+
+
+# -- contract -----------------------------------------------------------------------------------
+@needs_cuda
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("algo", ALGOS)
+def test_matches_reference(algo, case, poisoned_outputs):
+    problem = make_problem(case)
+    x, w, b = random_inputs(problem, seed=len(case))
+    copies = [None if a is None else a.copy() for a in (x, w, b)]
+    y = call(problem, x, w, b, algo)
+    assert isinstance(y, np.ndarray) and y.shape == problem.y_shape and y.dtype == np.dtype(problem.dtype)
+    err = relative_error(y, conv2d_reference_for(problem, x, w, b))
+    assert err <= TOLERANCE[problem.dtype], f"cuda/{algo} {problem.describe()}: relative error {err:.3e}"
+    for original, copy in zip((x, w, b), copies):
+        assert original is None or np.array_equal(original, copy), "an input was modified"
+
+
+@needs_cuda
+@pytest.mark.parametrize("engine", ["own", "cublas"])
+def test_im2col_engines(engine, poisoned_outputs):
+    from convlib.cuda import im2col
+
+    if engine == "cublas" and (STATE != "gpu" or not im2col.cupy_available()):
+        pytest.skip("cuBLAS through CuPy needs a GPU and CuPy")
+    problem = make_problem("stride-asympad-dilation-groups-bias")
+    x, w, b = random_inputs(problem, seed=3)
+    with im2col.gemm_engine(engine):
+        assert im2col.resolved_engine(STATE == "simulator") == engine
+        y = call(problem, x, w, b, "im2col")
+    assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[problem.dtype]
+
+
+@needs_cuda
+def test_im2col_batch_chunks(monkeypatch):
+    """A workspace cap of one image forces one chunk per image."""
+    problem = make_problem("1x1-stride2")
+    monkeypatch.setattr(ConvProblem, "im2col_batch_chunk", lambda self, cap_bytes=0: 1)
+    x, w, b = random_inputs(problem, seed=4)
+    y = call(problem, x, w, b, "im2col")
+    assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[problem.dtype]
+
+
+@needs_cuda
+@pytest.mark.parametrize("algo", ALGOS)
+def test_empty_batch(algo):
+    y = convlib.conv2d(np.zeros((0, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32), algo=algo, device="cuda")
+    assert isinstance(y, np.ndarray) and y.shape == (0, 3, 3, 3)
+
+
+# -- devices --------------------------------------------------------------------------------------
+@needs_cuda
+def test_devices_and_algorithms():
+    assert "cuda:0" in convlib.devices()
+    assert convlib.algorithms("cuda") == list(ALGOS)
+    assert convlib.algorithms("cuda:0") == list(ALGOS)
+
+
+@needs_cuda
+@pytest.mark.parametrize("spec, message", [("cuda:99", "CUDA device"), ("cuda:x", "cuda:N")])
+def test_bad_device_strings(spec, message):
+    x, w = np.ones((1, 1, 4, 4), np.float32), np.ones((1, 1, 3, 3), np.float32)
+    with pytest.raises(ValueError, match=message):
+        convlib.conv2d(x, w, device=spec)
+
+
+@needs_cuda
+def test_auto_runs_on_cuda():
+    problem = make_problem("1x1-stride2")
+    x, w, b = random_inputs(problem, seed=5)
+    y = call(problem, x, w, b, "auto", device="cuda:0")
+    assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[problem.dtype]
+
+
+@needs_cuda
+@pytest.mark.parametrize("algo", ALGOS)
+def test_device_arrays_in_device_array_out(algo):
+    """Below the API (which needs ``__cuda_array_interface__``, absent from the simulator's arrays):
+    device arrays in, a device array out, no host copy."""
+    from numba import cuda
+
+    from convlib import registry
+
+    problem = make_problem("1x1-padded-f64")
+    x, w, b = random_inputs(problem, seed=6)
+    backend = get_backend("cuda")
+    dx, dw = cuda.to_device(x), cuda.to_device(w)
+    target = backend.resolve("cuda", [dx, dw])
+    xd, wd = backend.prepare(dx, problem.dtype, target), backend.prepare(dw, problem.dtype, target)
+    assert xd is dx or STATE == "gpu"  # the simulator's arrays pass through untouched
+    y = registry.implementation("cuda", algo).conv2d(problem, xd, wd, None, target)
+    out = backend.finish(y, dx, target)
+    assert not isinstance(out, np.ndarray) and out.shape == problem.y_shape
+    assert relative_error(out.copy_to_host(), conv2d_reference_for(problem, x, w, None)) <= TOLERANCE[problem.dtype]
+
+
+def test_missing_numba_cuda_says_how_to_install(monkeypatch):
+    """Without numba-cuda (forced here), ``device="cuda"`` explains the install."""
+    from convlib.cuda import backend
+
+    monkeypatch.setattr(backend, "_numba_cuda_installed", lambda: False)
+    backend._unavailable_reason.cache_clear()
+    try:
+        with pytest.raises(BackendUnavailable, match=r"pip install 'convlib\[cuda\]'"):
+            convlib.conv2d(np.ones((1, 1, 3, 3)), np.ones((1, 1, 2, 2)), device="cuda")
+    finally:
+        backend._unavailable_reason.cache_clear()
+
+
+# -- GPU only: other libraries' arrays, streams, layouts ------------------------------------------
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    return torch
+
+
+@needs_gpu
+@pytest.mark.parametrize("algo", ALGOS)
+def test_cupy_in_cupy_out(algo):
+    cupy = pytest.importorskip("cupy")
+    problem = make_problem("groups4-dilation2")
+    x, w, b = random_inputs(problem, seed=7)
+    y = call(problem, cupy.asarray(x), cupy.asarray(w), cupy.asarray(b), algo, device=None)
+    assert isinstance(y, cupy.ndarray) and y.shape == problem.y_shape and y.dtype == np.float32
+    assert relative_error(cupy.asnumpy(y), conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float32"]
+
+
+@needs_gpu
+@pytest.mark.parametrize("algo", ALGOS)
+def test_torch_in_torch_out_on_a_side_stream(algo):
+    torch = _torch_cuda()
+    problem = make_problem("3x3-pad1-many-tiles")
+    x, w, b = random_inputs(problem, seed=8)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        tx, tw, tb = (torch.from_numpy(a).cuda() for a in (x, w, b))
+        ty = call(problem, tx, tw, tb, algo, device=None)
+        result = ty.cpu()  # ordered on the same stream
+    assert isinstance(ty, torch.Tensor) and ty.is_cuda and tuple(ty.shape) == problem.y_shape
+    assert relative_error(result.numpy(), conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float32"]
+
+
+@needs_gpu
+@pytest.mark.parametrize("algo", ALGOS)
+def test_non_contiguous_torch_inputs(algo):
+    torch = _torch_cuda()
+    problem = make_problem("1x1-s2-projection")
+    x, w, b = random_inputs(problem, seed=9)
+    # x as a transposed view of an NHWC tensor, w as a slice with a stride.
+    tx = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 2, 3, 1))).cuda().permute(0, 3, 1, 2)
+    tw_big = torch.zeros((problem.K * 2,) + problem.w_shape[1:], dtype=torch.float32).cuda()
+    tw_big[::2] = torch.from_numpy(w).cuda()
+    tw = tw_big[::2]
+    assert not tx.is_contiguous() and not tw.is_contiguous()
+    ty = call(problem, tx, tw, torch.from_numpy(b).cuda(), algo, device=None)
+    assert relative_error(ty.cpu().numpy(), conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float32"]
+
+
+@needs_gpu
+def test_numba_device_arrays_through_the_api():
+    from numba import cuda
+
+    problem = make_problem("stem-7x7-s2")
+    x, w, b = random_inputs(problem, seed=10)
+    y = call(problem, cuda.to_device(x), cuda.to_device(w), cuda.to_device(b), "blis", device=None)
+    assert cuda.is_cuda_array(y) and not isinstance(y, np.ndarray)
+    assert relative_error(y.copy_to_host(), conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float32"]
+
+
+@needs_gpu
+def test_data_on_gpu_with_device_cpu_is_refused():
+    cupy = pytest.importorskip("cupy")
+    x, w = cupy.ones((1, 1, 4, 4), cupy.float32), cupy.ones((1, 1, 3, 3), cupy.float32)
+    with pytest.raises(ValueError, match="contradicts"):
+        convlib.conv2d(x, w, device="cpu")
+
+
+@needs_gpu
+def test_numpy_in_numpy_out_and_repeatable():
+    problem = make_problem("seed-like")
+    x, w, b = random_inputs(problem, seed=11)
+    first = call(problem, x, w, b, "direct")
+    second = call(problem, x, w, b, "direct")
+    assert np.array_equal(first, second), "two runs on the same inputs differ: a race"
