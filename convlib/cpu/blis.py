@@ -66,10 +66,11 @@ from collections import namedtuple
 
 import numpy as np
 from numba import get_num_threads, njit, prange, types
-from numba.extending import overload
+from llvmlite import ir
+from numba.extending import intrinsic, overload
 
 from ..problem import ConvProblem
-from .blocking import BlisBlocking, blis_blocking
+from .blocking import VECTOR_SLACK_BYTES, BlisBlocking, blis_blocking
 from .stack_buffer import stack_array_2d
 
 #: The sizes the kernels need, as one numba-friendly (homogeneous int) named tuple.
@@ -196,15 +197,116 @@ def pack_a_from_filters(
                     Ac[panel + p * MR + i] = 0
 
 
+# Packing B moves short runs (a few to NR pixels): a plain loop spends them in LLVM's scalar
+# remainder (its vector body is 32+ elements wide). These copy whole 32-byte vectors instead and
+# may write up to one vector past the run: pack_b_from_image writes every panel row left to right,
+# rows and panels in increasing order, so whatever a vector writes past its run is written again
+# later, and Bc has one vector of slack at its end (VECTOR_SLACK_BYTES).
+VECTOR_BYTES = VECTOR_SLACK_BYTES
+
+
+def _vector_type(context, array_type):
+    elem = context.get_value_type(array_type.dtype)
+    lanes = VECTOR_BYTES // context.get_abi_sizeof(elem)
+    return elem, ir.VectorType(elem, lanes)
+
+
+def _element_pointer(context, builder, array_type, array, index):
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.gep(data, [index])
+
+
+@intrinsic
+def copy_vector(typingctx, dst, dst_index, src, src_index):
+    """``dst[dst_index : dst_index + V] = src[src_index : src_index + V]``, V = 32 bytes of
+    elements, as one unaligned vector load and store (no bounds check)."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.dtype == src.dtype):
+        return None
+
+    def codegen(context, builder, signature, args):
+        elem, vec = _vector_type(context, signature.args[0])
+        align = context.get_abi_sizeof(elem)
+        d = builder.bitcast(_element_pointer(context, builder, signature.args[0], args[0], args[1]), vec.as_pointer())
+        s_ = builder.bitcast(_element_pointer(context, builder, signature.args[2], args[2], args[3]), vec.as_pointer())
+        builder.store(builder.load(s_, align=align), d, align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_index, src, src_index), codegen
+
+
+@intrinsic
+def zero_vector(typingctx, dst, dst_index):
+    """``dst[dst_index : dst_index + V] = 0`` as one vector store (no bounds check)."""
+    if not isinstance(dst, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        elem, vec = _vector_type(context, signature.args[0])
+        d = builder.bitcast(_element_pointer(context, builder, signature.args[0], args[0], args[1]), vec.as_pointer())
+        builder.store(ir.Constant(vec, None), d, align=context.get_abi_sizeof(elem))
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_index), codegen
+
+
+def vector_lanes(array):
+    """Elements of ``array``'s dtype in one 32-byte vector, as a compile-time constant (jitted
+    code only; ``array.itemsize`` would be a run-time load, and a loop stepping by it a division).
+    """
+    raise NotImplementedError("vector_lanes is called from numba-compiled code only")
+
+
+@overload(vector_lanes)
+def _vector_lanes_overload(array):
+    lanes = VECTOR_BYTES // (array.dtype.bitwidth // 8)
+    return lambda array: lanes
+
+
+@njit(cache=True, inline="always")
+def fill_zeros_over(dst, start, count):
+    """Zero ``dst[start : start + count]``, maybe writing up to one vector more."""
+    lanes = vector_lanes(dst)
+    for v in range((count + lanes - 1) // lanes):
+        zero_vector(dst, start + v * lanes)
+
+
+@njit(cache=True, inline="always")
+def copy_run_over(src, src_start, src_step, dst, dst_start, count):
+    """``dst[dst_start + t] = src[src_start + t*src_step]`` for ``t < count``, maybe writing up to
+    one vector more. Whole vectors when ``src_step == 1`` and they stay inside ``src``."""
+    lanes = vector_lanes(dst)
+    if src_step == 1 and src_start + count + lanes <= src.size:
+        for v in range((count + lanes - 1) // lanes):
+            copy_vector(dst, dst_start + v * lanes, src, src_start + v * lanes)
+    else:
+        s, d, step = np.uintp(src_start), np.uintp(dst_start), np.uintp(src_step)
+        for t in range(np.uintp(count)):
+            dst[d + t] = src[s + t * step]
+
+
+#: Columns of the per-tap table of pack_b_from_image.
+TAP_PLANE, TAP_ROW_OFFSET, TAP_COL_OFFSET, TAP_Q_LO, TAP_Q_HI = range(5)
+#: Columns of the per-panel table of pixel runs of pack_b_from_image.
+RUN_IMAGE, RUN_IH0, RUN_Q0, RUN_LENGTH = range(4)
+
+
 @njit(cache=True)
 def pack_b_from_image(
     x,  # IN  (N * C * H * W,) the image, flat NCHW
     geo,  # IN  ConvGeometry
     group, jc, nc, pc, kc, NR,
-    Bc,  # OUT (>= ceil(nc/NR)*kc*NR,) panels of kc x NR
+    taps,  # SCRATCH (>= kc, 5) int64
+    runs,  # SCRATCH (NR, 4) int64
+    Bc,  # OUT (>= ceil(nc/NR)*kc*NR + one vector,) panels of kc x NR
 ):
     """Pack columns ``jc .. jc+nc`` (output pixels) and rows ``pc .. pc+kc`` (taps) of the
-    implicit im2col matrix of ``group`` into ``Bc``, reading the image directly."""
+    implicit im2col matrix of ``group`` into ``Bc``, reading the image directly.
+
+    First a table of the kc taps (channel plane, input row and column offsets, and the range of
+    output columns ``q`` that read inside the image), then panel by panel: the panel's pixels are
+    cut into runs that stay in one output row (``runs``), and every tap copies each run's clipped
+    range of input columns and zero-fills the rest. No division in the inner loops.
+    """
     H, W, P, Q = geo.height, geo.width, geo.out_h, geo.out_w
     sh, sw = geo.stride_h, geo.stride_w
     plane = H * W
@@ -212,61 +314,18 @@ def pack_b_from_image(
     PQ = P * Q
     RS = geo.filter_h * geo.filter_w
     channel0 = group * (geo.channels // geo.groups)
-    # Tap pc and pixel jc, decoded once; both then advance by carries, not divisions.
     c = pc // RS
     r = (pc - c * RS) // geo.filter_w
     s = pc - c * RS - r * geo.filter_w
-    n0 = jc // PQ
-    oh0 = (jc - n0 * PQ) // Q
-    ow0 = jc - n0 * PQ - oh0 * Q
-    panel_size = kc * NR
     for p in range(kc):
-        tap_plane = (channel0 + c) * plane
-        row_off = r * geo.dil_h - geo.pad_top
         col_off = s * geo.dil_w - geo.pad_left
+        taps[p, TAP_PLANE] = (channel0 + c) * plane
+        taps[p, TAP_ROW_OFFSET] = r * geo.dil_h - geo.pad_top
+        taps[p, TAP_COL_OFFSET] = col_off
         # Output columns q whose input column q*sw + col_off lies inside [0, W).
         q_lo = min(Q, max(0, (-col_off + sw - 1) // sw))
-        q_hi = max(q_lo, min(Q, (W - 1 - col_off) // sw + 1))
-        n, oh, ow = n0, oh0, ow0
-        row_start = p * NR  # row p of the current panel
-        in_panel = 0
-        done = 0
-        while done < nc:
-            # A run of pixels in one output row and one panel.
-            run = min(Q - ow, NR - in_panel, nc - done)
-            dst = row_start + in_panel
-            ih = oh * sh + row_off
-            if ih < 0 or ih >= H:
-                for t in range(run):
-                    Bc[dst + t] = 0
-            else:
-                lo = min(run, max(0, q_lo - ow))
-                hi = max(lo, min(run, q_hi - ow))
-                src = n * image + tap_plane + ih * W + ow * sw + col_off
-                for t in range(lo):
-                    Bc[dst + t] = 0
-                if sw == 1:
-                    for t in range(lo, hi):
-                        Bc[dst + t] = x[src + t]
-                else:
-                    for t in range(lo, hi):
-                        Bc[dst + t] = x[src + t * sw]
-                for t in range(hi, run):
-                    Bc[dst + t] = 0
-            done += run
-            in_panel += run
-            if in_panel == NR:
-                in_panel = 0
-                row_start += panel_size
-            ow += run
-            if ow == Q:
-                ow = 0
-                oh += 1
-                if oh == P:
-                    oh = 0
-                    n += 1
-        for t in range(in_panel, NR if in_panel else 0):  # zero columns past nc
-            Bc[row_start + t] = 0
+        taps[p, TAP_Q_LO] = q_lo
+        taps[p, TAP_Q_HI] = max(q_lo, min(Q, (W - 1 - col_off) // sw + 1))
         s += 1
         if s == geo.filter_w:
             s = 0
@@ -274,6 +333,51 @@ def pack_b_from_image(
             if r == geo.filter_h:
                 r = 0
                 c += 1
+    n = jc // PQ
+    oh = (jc - n * PQ) // Q
+    ow = jc - n * PQ - oh * Q
+    for panel_start in range(0, nc, NR):
+        width = min(NR, nc - panel_start)
+        n_runs = 0
+        done = 0
+        while done < width:
+            run = min(Q - ow, width - done)
+            runs[n_runs, RUN_IMAGE] = n * image
+            runs[n_runs, RUN_IH0] = oh * sh
+            runs[n_runs, RUN_Q0] = ow
+            runs[n_runs, RUN_LENGTH] = run
+            n_runs += 1
+            done += run
+            ow += run
+            if ow == Q:
+                ow = 0
+                oh += 1
+                if oh == P:
+                    oh = 0
+                    n += 1
+        row_start = panel_start * kc  # row 0 of this panel
+        for p in range(kc):
+            tap_plane, row_off, col_off = taps[p, TAP_PLANE], taps[p, TAP_ROW_OFFSET], taps[p, TAP_COL_OFFSET]
+            q_lo, q_hi = taps[p, TAP_Q_LO], taps[p, TAP_Q_HI]
+            dst = row_start + p * NR
+            for i in range(n_runs):
+                run = runs[i, RUN_LENGTH]
+                ih = runs[i, RUN_IH0] + row_off
+                if ih < 0 or ih >= H:
+                    fill_zeros_over(Bc, dst, run)
+                else:
+                    q0 = runs[i, RUN_Q0]
+                    lo = min(run, max(0, q_lo - q0))
+                    hi = max(lo, min(run, q_hi - q0))
+                    if lo > 0:
+                        fill_zeros_over(Bc, dst, lo)
+                    copy_run_over(x, runs[i, RUN_IMAGE] + tap_plane + ih * W + (q0 + lo) * sw + col_off, sw,
+                                  Bc, dst + lo, hi - lo)
+                    if hi < run:
+                        fill_zeros_over(Bc, dst + hi, run - hi)
+                dst += run
+            if width < NR:  # zero the columns past nc in the last panel
+                fill_zeros_over(Bc, dst, NR - width)
 
 
 @njit(cache=True)
@@ -324,6 +428,8 @@ def blis_kernel(MC: int, KC: int, NC: int, MR: int, NR: int):
         Ac_ws,  # SCRATCH (threads, >= mc*kc)
         Bc_ws,  # SCRATCH (threads, >= kc*nc)
         tile_ws,  # SCRATCH (threads, MR*NR)
+        taps_ws,  # SCRATCH (threads, kc, 5) int64
+        runs_ws,  # SCRATCH (threads, NR, 4) int64
         y,  # OUT (N*K*P*Q,) flat NCHW
     ):
         M, Kg, Ng = geo.gemm_m, geo.gemm_k, geo.gemm_n
@@ -333,7 +439,7 @@ def blis_kernel(MC: int, KC: int, NC: int, MR: int, NR: int):
         n_tiles = (Ng + NR - 1) // NR
         first_mode = STORE_WITH_BIAS if has_bias else STORE
         for t in prange(Ac_ws.shape[0]):
-            Ac, Bc, tile = Ac_ws[t], Bc_ws[t], tile_ws[t]
+            Ac, Bc, tile, taps, runs = Ac_ws[t], Bc_ws[t], tile_ws[t], taps_ws[t], runs_ws[t]
             mp, np_ = t // n_parts, t % n_parts
             # Whole register tiles per thread; threads beyond the grid get an empty range.
             m_lo = min(M, m_tiles * mp // m_parts * MR)
@@ -345,7 +451,7 @@ def blis_kernel(MC: int, KC: int, NC: int, MR: int, NR: int):
                     nc = min(NC, n_hi - jc)
                     for pc in range(0, Kg, KC):
                         kc = min(KC, Kg - pc)
-                        pack_b_from_image(x, geo, g, jc, nc, pc, kc, NR, Bc)
+                        pack_b_from_image(x, geo, g, jc, nc, pc, kc, NR, taps, runs, Bc)
                         mode = first_mode if pc == 0 else ACCUMULATE
                         for ic in range(m_lo, m_hi, MC):
                             mc = min(MC, m_hi - ic)
@@ -399,7 +505,7 @@ def thread_split(problem: ConvProblem, blocking: BlisBlocking, threads: int) -> 
     return best[1], best[2]
 
 
-def conv2d(problem: ConvProblem, x, w, bias, device=None):
+def conv2d(problem: ConvProblem, x, w, bias, device=None, *, blocking: BlisBlocking | None = None):
     """Convolution by the BLIS five-loop GEMM with implicit im2col (see the module docstring).
 
     Parameters
@@ -410,6 +516,8 @@ def conv2d(problem: ConvProblem, x, w, bias, device=None):
     bias : numpy.ndarray, shape (K,), or None
     device : None
         Unused on the CPU.
+    blocking : BlisBlocking, optional
+        Block sizes to use instead of the table's (for tuning and tests).
 
     Returns
     -------
@@ -418,12 +526,14 @@ def conv2d(problem: ConvProblem, x, w, bias, device=None):
     dtype = np.dtype(problem.dtype)
     if problem.N == 0:
         return np.empty(problem.y_shape, dtype)
-    b = blis_blocking(problem.dtype)
+    b = blocking or blis_blocking(problem.dtype)
     threads = get_num_threads()
     mc, kc, nc = b.panel_sizes(problem)
     Ac_ws = np.empty((threads, mc * kc), dtype)
-    Bc_ws = np.empty((threads, kc * nc), dtype)
+    Bc_ws = np.empty((threads, kc * nc + VECTOR_SLACK_BYTES // dtype.itemsize), dtype)
     tile_ws = np.empty((threads, b.MR * b.NR), dtype)
+    taps_ws = np.empty((threads, kc, 5), np.int64)
+    runs_ws = np.empty((threads, b.NR, 4), np.int64)
     m_parts, n_parts = thread_split(problem, b, threads)
     y = np.empty(problem.y_shape, dtype)
     has_bias = bias is not None
@@ -431,6 +541,7 @@ def conv2d(problem: ConvProblem, x, w, bias, device=None):
     kernel = blis_kernel(b.MC, b.KC, b.NC, b.MR, b.NR)
     kernel(
         np.ascontiguousarray(x, dtype).reshape(-1), np.ascontiguousarray(w, dtype).reshape(-1),
-        bias_arr, has_bias, geometry_of(problem), m_parts, n_parts, Ac_ws, Bc_ws, tile_ws, y.reshape(-1),
+        bias_arr, has_bias, geometry_of(problem), m_parts, n_parts, Ac_ws, Bc_ws, tile_ws, taps_ws, runs_ws,
+        y.reshape(-1),
     )
     return y

@@ -55,16 +55,24 @@ class BlisBlocking:
     def workspace_bytes(self, problem, threads: int | None = None) -> int:
         """Bytes of the packed panels for ``problem``: O(MC*KC + KC*NC), whatever N, H, W are.
 
-        Every thread owns an ``Ac`` (mc x kc), a ``Bc`` (kc x nc) and an MR x NR edge tile (see
-        :mod:`convlib.cpu.blis` for why the threads share nothing). ``threads`` defaults to
-        ``numba.get_num_threads()``, the count :func:`convlib.cpu.blis.conv2d` allocates for.
+        Every thread owns an ``Ac`` (mc x kc), a ``Bc`` (kc x nc, plus :data:`VECTOR_SLACK_BYTES`),
+        an MR x NR edge tile and two int64 tables for the packing of B, kc x 5 (taps) and NR x 4
+        (pixel runs); see :mod:`convlib.cpu.blis` for why the threads share nothing. ``threads`` defaults to ``numba.get_num_threads()``,
+        the count :func:`convlib.cpu.blis.conv2d` allocates for.
         """
         if threads is None:
             from numba import get_num_threads
 
             threads = get_num_threads()
         mc, kc, nc = self.panel_sizes(problem)
-        return threads * (mc * kc + kc * nc + self.MR * self.NR) * problem.itemsize
+        per_thread = (mc * kc + kc * nc + self.MR * self.NR) * problem.itemsize
+        per_thread += VECTOR_SLACK_BYTES + (kc * 5 + self.NR * 4) * 8
+        return threads * per_thread
+
+
+#: Bytes of slack after each thread's ``Bc``: the packing's whole-vector writes may run one
+#: 32-byte vector past the last panel.
+VECTOR_SLACK_BYTES = 32
 
 
 def _round_up(n: int, m: int) -> int:
