@@ -32,6 +32,7 @@ blocks of its own; they exercise the same code paths (several blocks, several st
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 #: Static shared memory a numba-cuda kernel may declare (bytes), without the dynamic opt-in.
@@ -143,6 +144,24 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+_forced: dict = {}
+
+
+@contextlib.contextmanager
+def forced_tiles(gemm: GemmTile | None = None, direct: DirectTile | None = None):
+    """Within the block, every GEMM / direct launch uses these tiles (tile sweeps in benchmarks).
+
+    A forced direct tile still shrinks to fit shared memory.
+    """
+    previous = dict(_forced)
+    _forced.update({k: v for k, v in (("gemm", gemm), ("direct", direct)) if v is not None})
+    try:
+        yield
+    finally:
+        _forced.clear()
+        _forced.update(previous)
+
+
 def choose_gemm_tile(problem, multiprocessors: int, simulator: bool = False, ngemm: int | None = None) -> GemmTile:
     """The GEMM tile for ``problem`` on a GPU with ``multiprocessors`` SMs.
 
@@ -156,6 +175,8 @@ def choose_gemm_tile(problem, multiprocessors: int, simulator: bool = False, nge
     ngemm : int, optional
         Columns of C per launch (im2col launches once per batch chunk); default ``problem.gemm_n``.
     """
+    if "gemm" in _forced:
+        return _forced["gemm"].check()
     tiles = SIMULATOR_GEMM_TILES if simulator else GEMM_TILES[problem.dtype]
     m = _round_up(problem.gemm_m, 16)
     n = problem.gemm_n if ngemm is None else ngemm
@@ -178,7 +199,7 @@ def choose_direct_tile(problem, simulator: bool = False) -> DirectTile | None:
     Large dilations make the halo outgrow shared memory even for one output row; the direct module
     then falls back on a kernel that reads the input through the cache instead.
     """
-    tile = SIMULATOR_DIRECT_TILE if simulator else DIRECT_TILES[problem.dtype]
+    tile = _forced.get("direct") or (SIMULATOR_DIRECT_TILE if simulator else DIRECT_TILES[problem.dtype])
     while tile.shared_bytes(problem) > SHARED_MEMORY_LIMIT:
         th, tw, rpt, jpt, kb, cb = tile.TH, tile.TW, tile.RPT, tile.JPT, tile.KB, tile.CB
         if cb > 1:

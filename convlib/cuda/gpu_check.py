@@ -1,0 +1,418 @@
+"""Everything the CUDA backend needs from a GPU machine, in one command.
+
+    pip install --no-deps -e . && python -m convlib.cuda.gpu_check --out "$OUT"
+
+Steps (each can be skipped):
+
+1. the environment: GPU, driver, numba / numba-cuda / CuPy / PyTorch / cuDNN versions;
+2. the two ceilings, measured: device-to-device copy bandwidth (bytes read + written) and an FP32
+   matrix product through PyTorch with TF32 off (the FMA ceiling cuDNN also lives under);
+3. the test suite on the GPU: ``tests/test_cuda.py`` and the CUDA pairs of
+   ``tests/test_contract.py`` (pytest-xdist workers when available);
+4. the benchmark, float32: the seed shape (N=8, C=K=4, 1024x1024, 3x3) and the distinct layers
+   of ResNet-50 v1.5 at batch 128 (:func:`convlib.bench.suites.resnet50`), each against cuDNN
+   through PyTorch with TF32 off (the fair FP32 baseline) and on (for reference). Every result
+   is checked against cuDNN in float64 first.
+
+Timing: inputs are PyTorch CUDA tensors, so nothing crosses to the host. Each measurement runs
+warm-up calls (compilation included), then ``--reps`` calls each bracketed by CUDA events on the
+stream the kernels run on, queued behind a GPU sleep long enough for the host to enqueue them all:
+the events then time the GPU alone (every kernel of one call, launch gaps included) and the
+figure is their median. The host's own cost per call (Python, argument checks, launches) is
+reported separately as the wall time per call of a synchronised loop.
+
+Writes ``gpu-check.json`` (every number), ``gpu-check.md`` (the tables) and ``tests.log`` under
+``--out`` and prints the tables last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+OUR_ALGOS = ("direct", "blis", "im2col-own", "im2col-cublas")
+
+
+# -- environment and ceilings -----------------------------------------------------------------------
+def environment() -> dict:
+    import numba
+    import torch
+
+    from numba import cuda
+
+    dev = cuda.get_current_device()
+    env = {
+        "gpu": torch.cuda.get_device_name(0),
+        "multiprocessors": int(dev.MULTIPROCESSOR_COUNT),
+        "compute_capability": ".".join(map(str, dev.compute_capability)),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "numba_cuda": _version("numba-cuda"),
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "cupy": _version("cupy-cuda13x") or _version("cupy-cuda12x") or _version("cupy"),
+    }
+    try:
+        env["driver"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        env["driver"] = "?"
+    return env
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def ceilings() -> dict:
+    """Measured device-to-device copy bandwidth and FP32 (no TF32) matrix-product rate."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    src = torch.empty(2**28, dtype=torch.float32, device="cuda").uniform_()  # 1 GiB
+    dst = torch.empty_like(src)
+    copy_ms = statistics.median(gpu_times(lambda: dst.copy_(src), reps=10, warmup=2))
+    n = 8192
+    a = torch.randn(n, n, device="cuda")
+    b = torch.randn(n, n, device="cuda")
+    mm_ms = statistics.median(gpu_times(lambda: torch.mm(a, b), reps=5, warmup=2))
+    del src, dst, a, b
+    return {
+        "copy_GBps": 2 * 2**30 / (copy_ms * 1e-3) / 1e9,
+        "sgemm_TFLOPs": 2 * n**3 / (mm_ms * 1e-3) / 1e12,
+    }
+
+
+# -- timing -------------------------------------------------------------------------------------------
+_CLOCK_HZ = None
+
+
+def gpu_times(fn, reps=20, warmup=3) -> list[float]:
+    """Milliseconds of GPU time of each of ``reps`` calls of ``fn`` (see the module docstring)."""
+    import torch
+
+    global _CLOCK_HZ
+    if _CLOCK_HZ is None:
+        _CLOCK_HZ = 2.0e9  # generous: a slower clock only makes the sleep longer
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(2):
+        fn()
+    host_s = (time.perf_counter() - t0) / 2
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    torch.cuda._sleep(int(min(1.0, 2.0 * host_s * reps + 2e-3) * _CLOCK_HZ))
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in events]
+
+
+def wall_ms(fn, reps=10) -> float:
+    """Milliseconds per call of a loop of ``reps`` calls, synchronised once at the end."""
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps * 1e3
+
+
+# -- the runs -----------------------------------------------------------------------------------------
+def _ours(problem, algo, tx, tw):
+    import convlib
+    from convlib.cuda import im2col
+
+    name, _, engine = algo.partition("-")
+
+    def run():
+        with im2col.gemm_engine(engine or "auto"):
+            return convlib.conv2d(
+                tx, tw, None, stride=problem.stride, padding=problem.padding, dilation=problem.dilation,
+                groups=problem.groups, algo=name,
+            )
+    return run
+
+
+def _cudnn(problem, tx, tw, tf32: bool):
+    import torch
+    import torch.nn.functional as F
+
+    top, bottom, left, right = problem.padding
+    symmetric = top == bottom and left == right
+
+    def run():
+        torch.backends.cudnn.allow_tf32 = tf32
+        xin = tx if symmetric else F.pad(tx, (left, right, top, bottom))
+        return F.conv2d(xin, tw, None, problem.stride, (top, left) if symmetric else 0, problem.dilation, problem.groups)
+    return run
+
+
+def bench_case(label, problem, algos, reps, check=True, tiles=None) -> dict:
+    """Time ``algos`` and cuDNN (TF32 off/on) on ``problem``; returns a row of the tables."""
+    import torch
+
+    from convlib.cuda import blocking
+
+    torch.backends.cudnn.benchmark = True
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    tx = torch.randn(problem.x_shape, device="cuda", generator=gen)
+    tw = torch.randn(problem.w_shape, device="cuda", generator=gen) / math.sqrt(problem.gemm_k)
+    ref = _cudnn(problem, tx.double(), tw.double(), False)() if check else None
+    row = {"label": label, "problem": problem.describe(), "gflop": problem.flops / 1e9,
+           "mbytes": problem.bytes_moved / 1e6, "results": {}}
+    runs = {"cudnn": _cudnn(problem, tx, tw, False), "cudnn-tf32": _cudnn(problem, tx, tw, True)}
+    for algo in algos:
+        runs[algo] = _ours(problem, algo, tx, tw)
+    for name, run in runs.items():
+        entry = {}
+        try:
+            context = blocking.forced_tiles(**tiles[name]) if tiles and name in tiles else _null()
+            with context:
+                t0 = time.perf_counter()
+                y = run()
+                torch.cuda.synchronize()
+                entry["first_call_s"] = time.perf_counter() - t0
+                if ref is not None:
+                    entry["rel_error"] = float(torch.linalg.norm(y.double() - ref) / torch.linalg.norm(ref))
+                del y
+                times = gpu_times(run, reps=reps)
+                entry["gpu_ms"] = statistics.median(times)
+                entry["gpu_ms_min"] = min(times)
+                entry["wall_ms"] = wall_ms(run, reps=max(3, reps // 2))
+        except Exception as exc:  # noqa: BLE001 - a failing variant is reported, the run goes on
+            entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        row["results"][name] = entry
+        print(f"  {label:28s} {name:22s} " + " ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in entry.items()), flush=True)
+    return row
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# -- tables ---------------------------------------------------------------------------------------------
+def _fmt(v, digits=3):
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}g}"
+
+
+def seed_table(rows, ceil) -> str:
+    lines = [
+        "| shape | floor (ms): bytes / FLOPs | cuDNN (ms) | cuDNN TF32 (ms) | " + " | ".join(f"{a} (ms)" for a in OUR_ALGOS) + " | best ours vs cuDNN | wall/call ours (ms) |",
+        "|---|---|---|---|" + "---|" * len(OUR_ALGOS) + "---|---|",
+    ]
+    for row in rows:
+        res = row["results"]
+        floor_b = row["mbytes"] * 1e6 / (ceil["copy_GBps"] * 1e9) * 1e3
+        floor_f = row["gflop"] * 1e9 / (ceil["sgemm_TFLOPs"] * 1e12) * 1e3
+        ours = {a: res.get(a, {}).get("gpu_ms") for a in OUR_ALGOS}
+        best = min((v, a) for a, v in ours.items() if v) if any(ours.values()) else (None, None)
+        cudnn = res.get("cudnn", {}).get("gpu_ms")
+        lines.append(
+            f"| {row['label']} | {_fmt(floor_b)} / {_fmt(floor_f)} | {_fmt(cudnn)} | {_fmt(res.get('cudnn-tf32', {}).get('gpu_ms'))} | "
+            + " | ".join(_fmt(ours[a]) for a in OUR_ALGOS)
+            + f" | {best[1]}: {_fmt(cudnn / best[0] if cudnn and best[0] else None)}x faster | "
+            + f"{_fmt(res.get(best[1], {}).get('wall_ms') if best[1] else None)} |"
+        )
+    return "\n".join(lines)
+
+
+def resnet_table(rows) -> tuple[str, dict]:
+    names = ["cudnn", "cudnn-tf32"] + [a for a in OUR_ALGOS if any(a in r["results"] for r in rows)]
+    lines = [
+        "| layer (batch 128) | GFLOP | " + " | ".join(f"{n} TFLOP/s" for n in names) + " | best ours / cuDNN |",
+        "|---|---|" + "---|" * len(names) + "---|",
+    ]
+    ratios = {n: [] for n in names}
+    best_ratios = []
+    for row in rows:
+        res = row["results"]
+        rate = {n: (row["gflop"] / res[n]["gpu_ms"] if res.get(n, {}).get("gpu_ms") else None) for n in names}
+        cudnn = rate["cudnn"]
+        for n in names:
+            if rate[n] and cudnn:
+                ratios[n].append(rate[n] / cudnn)
+        ours = [rate[a] for a in OUR_ALGOS if a in rate and rate[a]]
+        best = max(ours) / cudnn if ours and cudnn else None
+        if best:
+            best_ratios.append(best)
+        lines.append(f"| {row['label']} | {row['gflop']:.1f} | " + " | ".join(_fmt(rate[n]) for n in names)
+                     + f" | {_fmt(best)} |")
+    geo = {n: (math.exp(statistics.fmean(math.log(r) for r in v)) if v else None) for n, v in ratios.items()}
+    geo["best ours"] = math.exp(statistics.fmean(math.log(r) for r in best_ratios)) if best_ratios else None
+    lines.append("| **geometric mean of throughput / cuDNN FP32** | | " + " | ".join(_fmt(geo[n]) for n in names)
+                 + f" | **{_fmt(geo['best ours'])}** |")
+    return "\n".join(lines), geo
+
+
+# -- main -------------------------------------------------------------------------------------------------
+def run_tests(out: Path, workers: int, quick: bool) -> dict:
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"]
+    if not quick:
+        cmd += ["tests/test_contract.py", "-k", "test_cuda or cuda-"]
+    try:
+        import xdist  # noqa: F401
+
+        cmd += ["-n", str(workers)]
+    except ImportError:
+        pass
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    (out / "tests.log").write_text(log)
+    tail = [line for line in log.splitlines() if line.strip()][-1:] or ["(no output)"]
+    print("\n".join(log.splitlines()[-40:]), flush=True)
+    return {"command": " ".join(cmd), "returncode": proc.returncode, "summary": tail[0], "seconds": time.perf_counter() - t0}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m convlib.cuda.gpu_check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "gpu-check-out"))
+    parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--skip-bench", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="fewer tests and ResNet layers")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--tile-sweep", action="store_true", help="also time every GEMM / direct tile on a few shapes")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    report = {"environment": environment()}
+    print(json.dumps(report["environment"], indent=1), flush=True)
+
+    def save():  # after every step: a run cut short still leaves what it measured
+        (out / "gpu-check.json").write_text(json.dumps(report, indent=1, default=str))
+
+    if not args.skip_tests:
+        report["tests"] = run_tests(out, args.workers, args.quick)
+        save()
+    if not args.skip_bench:
+        run_bench(args, report, save)
+    save()
+    md = render(report)
+    (out / "gpu-check.md").write_text(md)
+    print(md)
+    return 0 if report.get("tests", {}).get("returncode", 0) == 0 else 1
+
+
+def run_bench(args, result: dict, save) -> None:
+    from convlib.bench.suites import resnet50
+    from convlib.problem import ConvProblem
+
+    result["ceilings"] = ceilings()
+    print("ceilings:", result["ceilings"], flush=True)
+    seed = ConvProblem(8, 4, 1024, 1024, 4, 3, 3)
+    result["seed"] = [bench_case("N=8 C=K=4 1024^2 3x3", seed, OUR_ALGOS, args.reps)]
+    save()
+    cases = resnet50(batch=args.batch, quick=args.quick)
+    result["resnet50"] = []
+    for case in cases:
+        row = bench_case(case.label, case.problem, ("blis", "im2col-own", "im2col-cublas"), args.reps)
+        row["weight"] = case.weight
+        result["resnet50"].append(row)
+        save()
+    if args.tile_sweep:
+        result["tile_sweep"] = tile_sweep(args, seed, cases)
+
+
+def tile_sweep(args, seed, cases) -> list:
+    from convlib.cuda.blocking import GEMM_TILES, DirectTile, GemmTile
+
+    rows = []
+    direct_tiles = [
+        DirectTile(32, 128, 4, 4, 4, 2), DirectTile(16, 128, 4, 4, 4, 4), DirectTile(32, 64, 4, 2, 4, 4),
+        DirectTile(64, 128, 8, 4, 4, 1), DirectTile(16, 256, 2, 8, 4, 2), DirectTile(32, 128, 2, 4, 4, 2),
+    ]
+    tiles = {f"direct {t.TH}x{t.TW} {t.RPT}x{t.JPT} KB{t.KB} CB{t.CB}": {"direct": t} for t in direct_tiles}
+    runs = {name: "direct" for name in tiles}
+    rows.append(_sweep_case("seed", seed, runs, tiles, args.reps))
+    gemm_tiles = list(GEMM_TILES["float32"]) + [GemmTile(128, 128, 16, 8, 8), GemmTile(64, 64, 16, 8, 4)]
+    tiles = {f"blis {t.BM}x{t.BN}x{t.BK} {t.TM}x{t.TN}": {"gemm": t} for t in gemm_tiles}
+    runs = {name: "blis" for name in tiles}
+    picks = [c for c in cases if c.label in ("s2 3x3 64>64", "s3 1x1 512>128", "s4 1x1 256>1024", "s5 3x3 512>512", "s3 3x3/2 128>128")]
+    for case in picks:
+        rows.append(_sweep_case(case.label, case.problem, runs, tiles, args.reps))
+    return rows
+
+
+def _sweep_case(label, problem, runs, tiles, reps):
+    import torch
+
+    from convlib.cuda import blocking
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    tx = torch.randn(problem.x_shape, device="cuda", generator=gen)
+    tw = torch.randn(problem.w_shape, device="cuda", generator=gen)
+    row = {"label": label, "gflop": problem.flops / 1e9, "results": {}}
+    for name, algo in runs.items():
+        try:
+            with blocking.forced_tiles(**tiles[name]):
+                ms = statistics.median(gpu_times(_ours(problem, algo, tx, tw), reps=max(5, reps // 2)))
+            row["results"][name] = {"gpu_ms": ms}
+        except Exception as exc:  # noqa: BLE001
+            row["results"][name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+        print(f"  sweep {label:20s} {name:34s} {row['results'][name]}", flush=True)
+    return row
+
+
+def render(report) -> str:
+    env = report["environment"]
+    parts = [f"GPU: {env['gpu']} ({env['multiprocessors']} SMs, driver/clock/memory {env['driver']}); "
+             f"numba {env['numba']}, numba-cuda {env['numba_cuda']}, torch {env['torch']}, cuDNN {env['cudnn']}, CuPy {env['cupy']}"]
+    if "tests" in report:
+        parts.append(f"tests: {report['tests']['summary']} ({report['tests']['seconds']:.0f} s; rc {report['tests']['returncode']})")
+    if "ceilings" in report:
+        c = report["ceilings"]
+        parts.append(f"ceilings: copy {c['copy_GBps']:.0f} GB/s (read + write); FP32 matmul (TF32 off) {c['sgemm_TFLOPs']:.1f} TFLOP/s")
+        parts.append(seed_table(report["seed"], c))
+        table, geo = resnet_table(report["resnet50"])
+        report["geomean"] = geo
+        parts.append(table)
+        errors = [(r["label"], n, e["rel_error"]) for r in report["seed"] + report["resnet50"] for n, e in r["results"].items() if "rel_error" in e]
+        worst = {}
+        for label, n, e in errors:
+            worst[n] = max(worst.get(n, 0.0), e)
+        parts.append("worst relative error vs cuDNN float64: " + ", ".join(f"{n} {e:.1e}" for n, e in worst.items()))
+        failures = [(r["label"], n, e["error"]) for r in report["seed"] + report["resnet50"] for n, e in r["results"].items() if "error" in e]
+        if failures:
+            parts.append("failures: " + "; ".join(f"{l}/{n}: {e}" for l, n, e in failures))
+    for row in report.get("tile_sweep", []):
+        best = sorted((v["gpu_ms"], k) for k, v in row["results"].items() if "gpu_ms" in v)
+        parts.append(f"sweep {row['label']}: " + ", ".join(f"{k} {ms:.3f}ms" for ms, k in best[:8]))
+    return "\n\n".join(parts) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
