@@ -209,6 +209,22 @@ def test_missing_numba_cuda_says_how_to_install(monkeypatch):
         backend._unavailable_reason.cache_clear()
 
 
+@pytest.mark.skipif(not HAS_NUMBA_CUDA, reason="numba-cuda not installed")
+def test_row_stack_workaround_still_needed():
+    """convlib.cuda.launch restores ``np.row_stack`` for numba-cuda; fails once that is pointless."""
+    import inspect
+
+    from convlib.cuda import launch
+
+    if not launch.ROW_STACK_SHIM:
+        pytest.skip("this numpy still has np.row_stack")
+    from numba.cuda.np import arrayobj
+
+    assert "np.row_stack" in inspect.getsource(arrayobj), (
+        "numba-cuda no longer uses np.row_stack: remove ROW_STACK_SHIM from convlib/cuda/launch.py"
+    )
+
+
 # -- GPU only: other libraries' arrays, streams, layouts ------------------------------------------
 def _torch_cuda():
     torch = pytest.importorskip("torch")

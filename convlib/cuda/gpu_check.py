@@ -48,6 +48,8 @@ def environment() -> dict:
     import numba
     import torch
 
+    import convlib.cuda.launch  # noqa: F401 - its numpy workaround must precede numba-cuda's target
+
     from numba import cuda
 
     dev = cuda.get_current_device()
@@ -290,7 +292,7 @@ def run_tests(out: Path, workers: int, quick: bool) -> dict:
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     (out / "tests.log").write_text(log)
-    tail = [line for line in log.splitlines() if line.strip()][-1:] or ["(no output)"]
+    tail = [line for line in log.splitlines() if " passed" in line or " failed" in line or " error" in line][-1:] or ["(no summary line)"]
     print("\n".join(log.splitlines()[-40:]), flush=True)
     return {"command": " ".join(cmd), "returncode": proc.returncode, "summary": tail[0], "seconds": time.perf_counter() - t0}
 

@@ -7,6 +7,14 @@ import importlib.util
 
 import numpy as np
 
+# WORKAROUND(numba-cuda 0.30.4, numpy >= 2.5): numba-cuda's array support registers an overload of
+# ``np.row_stack`` when its CUDA target first loads, and numpy 2.5 removed that alias of
+# ``np.vstack``, so every compilation failed with AttributeError. Restoring the alias is harmless;
+# tests/test_cuda.py::test_row_stack_workaround_still_needed says when it can go.
+ROW_STACK_SHIM = not hasattr(np, "row_stack")
+if ROW_STACK_SHIM:
+    np.row_stack = np.vstack
+
 # Kernel modules import ``cuda`` from here as a module global: numba-cuda's simulator swaps module
 # globals that are numba.cuda for its fake module while a kernel runs. Without numba-cuda (e.g.
 # numba < 0.60, whose old built-in numba.cuda is not used) it is None and the backend says why.
