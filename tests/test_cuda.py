@@ -134,6 +134,25 @@ def test_im2col_engines(engine, poisoned_outputs):
 
 
 @needs_cuda
+def test_blis_without_tap_table(monkeypatch):
+    """Reductions too long for the constant-memory tap table decode taps by division instead."""
+    from convlib.cuda import blis, gemm
+
+    problem = make_problem("stride-asympad-dilation-groups-bias")
+    assert gemm._tap_table(problem, 4) is not None
+    monkeypatch.setattr(gemm, "TAP_TABLE_LIMIT", 0)
+    for cached in (gemm.gemm_kernel, blis._plan):
+        cached.cache_clear()
+    try:
+        x, w, b = random_inputs(problem, seed=12)
+        y = call(problem, x, w, b, "blis")
+    finally:
+        for cached in (gemm.gemm_kernel, blis._plan):
+            cached.cache_clear()
+    assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[problem.dtype]
+
+
+@needs_cuda
 def test_im2col_batch_chunks(monkeypatch):
     """A workspace cap of one image forces one chunk per image."""
     problem = make_problem("1x1-stride2")

@@ -127,7 +127,7 @@ GEMM_TILES = {
 
 #: Direct tiles per dtype.
 DIRECT_TILES = {
-    "float32": DirectTile(TH=32, TW=128, RPT=4, JPT=4, KB=4, CB=4),
+    "float32": DirectTile(TH=16, TW=256, RPT=2, JPT=8, KB=4, CB=2),
     "float64": DirectTile(TH=16, TW=64, RPT=2, JPT=2, KB=4, CB=4),
 }
 

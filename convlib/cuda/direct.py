@@ -241,20 +241,27 @@ def conv2d(problem, x, w, bias, device):
         y = target.empty(problem.y_shape, problem.dtype)
         if problem.N == 0:
             return y
-        tile = choose_direct_tile(problem, target.simulator)
-        key = shape_key(problem)
+        kernel, launches = _plan(problem, target.simulator)
         b = bias if bias is not None else placeholder_bias(problem.dtype, target)
         xf, wf, yf = flat(x), flat(w), flat(y)
-        if tile is not None:
-            kernel = direct_kernel(key, tile, target.simulator)
-        else:
-            kernel = unstaged_kernel(key)
-            threads = 8 if target.simulator else 128
-        for image0 in range(0, problem.N, MAX_GRID_Y):
-            images = min(MAX_GRID_Y, problem.N - image0)
-            if tile is not None:
-                grid, block = direct_launch_shape(problem, tile, images)
-            else:
-                grid, block = (-(-(problem.K * problem.P * problem.Q) // threads), images), threads
+        for grid, block, image0 in launches:
             kernel[grid, block, target.stream](xf, wf, b, yf, image0)
     return y
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(problem, simulator: bool):
+    """Kernel and launches (at most 65535 images each) for ``problem`` (cached per problem)."""
+    tile = choose_direct_tile(problem, simulator)
+    key = shape_key(problem)
+    kernel = direct_kernel(key, tile, simulator) if tile is not None else unstaged_kernel(key)
+    threads = 8 if simulator else 128
+    launches = []
+    for image0 in range(0, problem.N, MAX_GRID_Y):
+        images = min(MAX_GRID_Y, problem.N - image0)
+        if tile is not None:
+            grid, block = direct_launch_shape(problem, tile, images)
+        else:
+            grid, block = (-(-(problem.K * problem.P * problem.Q) // threads), images), threads
+        launches.append((grid, block, image0))
+    return kernel, tuple(launches)

@@ -42,6 +42,7 @@ IMAGE = "image"
 COLUMNS = "columns"
 
 
+@functools.lru_cache(maxsize=1024)
 def shape_key(problem):
     """``problem`` with the batch size erased: the cache key of every CUDA kernel factory."""
     from dataclasses import replace
@@ -84,10 +85,20 @@ def gemm_source(key, tile: GemmTile, b_source: str, simulator: bool = False) -> 
             cond.append("a_k + k0 < KK")
         load = f"w[a_src + k0 + U({a_row_step * i * KK})]"
         fetch.append(f"a_next_{i} = {load} if {' and '.join(cond)} else zero" if cond else f"a_next_{i} = {load}")
+    tap_table = _tap_table(key, BK) if implicit and key.R * key.S > 1 else None
     for i in range(tile.b_per_thread):
         fetch.append(f"k = k0 + b_k + U({b_row_step * i})")
-        cond = ["col_ok"] + (["k < KK"] if check_k else [])
-        if implicit:
+        cond = ["col_ok"] + (["k < KK"] if check_k and not (tap_table is not None and padded) else [])
+        if implicit and tap_table is not None:
+            # The tap of row k from the constant-memory table (uniform across a warp: a broadcast).
+            fetch += ["k3 = k * U(3)", "delta = I(tap[k3])"]
+            if padded:
+                fetch += ["ih = ih0 + I(tap[k3 + U(1)])", "iw = iw0 + I(tap[k3 + U(2)])"]
+                cond += ["U(ih) < H", "U(iw) < W"]
+                offset = "U(tap_base + delta)"
+            else:
+                offset = "pix_src + U(delta)"
+        elif implicit:
             if key.R * key.S == 1:
                 fetch.append("c = k")
                 offset = "b_src + c * HW + U(ih0) * W + U(iw0)" if padded else "b_src + c * HW + pix"
@@ -146,6 +157,8 @@ def gemm_source(key, tile: GemmTile, b_source: str, simulator: bool = False) -> 
             column_setup.append("inside = U(ih0) < H and U(iw0) < W")
         if not padded:
             column_setup.append("pix = p * SH * W + q * SW")
+        if tap_table is not None:
+            column_setup.append("tap_base = I(b_src) + ih0 * W_SIGNED + iw0" if padded else "pix_src = b_src + pix")
     else:
         column_setup = ["b_src = img * GKKPQ + g * KKPQ + pq"]
 
@@ -154,6 +167,7 @@ def gemm(b, w, bias, y, n_images):
     # IN b: flat x (N*C*H*W) or columns (N*G*KK*PQ); IN w (K*KK); IN bias (K,); OUT y (N*K*P*Q)
     a_stage = cuda.shared.array(A_STAGE_LEN, dtype{align})   # 2 stages x BK x BM, k-major
     b_stage = cuda.shared.array(B_STAGE_LEN, dtype{align})   # 2 stages x BK x BN, k-major
+{"    tap = cuda.const.array_like(TAP)   # (c*H*W + r*dh*W + s*dw, r*dh, s*dw) per k" if tap_table is not None else ""}
     tid = U(cuda.threadIdx.x)
     n0 = U(cuda.blockIdx.x) * BN
     m0 = U(cuda.blockIdx.y) * BM
@@ -214,9 +228,35 @@ def gemm(b, w, bias, y, n_images):
     )
     constants.update(
         TOP=np.int64(key.pad_top), LEFT=np.int64(key.pad_left), dtype=dtype, zero=dtype.type(0),
-        A_STAGE_LEN=2 * BK * BM, B_STAGE_LEN=2 * BK * BN,
+        A_STAGE_LEN=2 * BK * BM, B_STAGE_LEN=2 * BK * BN, W_SIGNED=np.int64(key.W), TAP=tap_table,
     )
     return source, constants
+
+
+#: Constant memory the tap table may take (of the 64 KiB a kernel can address).
+TAP_TABLE_LIMIT = 48 * 1024
+
+
+def _tap_table(key, BK: int):
+    """Per reduction row ``k = (c, r, s)``: its image offset, row and column shift, as int32.
+
+    Decoding ``k`` takes two divisions per element and step; reading the decode from constant
+    memory (one broadcast per warp, since a warp's threads share ``k``) takes three loads. Rows
+    past ``Kgemm`` (the last step's padding) get a row shift that lands outside any image, so the
+    bounds check zeroes them. None when the table or its offsets do not fit.
+    """
+    R, S, KK = key.R, key.S, key.gemm_k
+    rows = -(-KK // BK) * BK
+    c, rs = np.divmod(np.arange(KK, dtype=np.int64), R * S)
+    r, s = np.divmod(rs, S)
+    dr, ds = r * key.dilation[0], s * key.dilation[1]
+    delta = c * key.H * key.W + dr * key.W + ds
+    if rows * 3 * 4 > TAP_TABLE_LIMIT or delta.max(initial=0) >= 2**31:
+        return None
+    table = np.zeros((rows, 3), dtype=np.int32)
+    table[:KK] = np.stack([delta, dr, ds], axis=1)
+    table[KK:, 1] = -(2**30)
+    return table.reshape(-1)
 
 
 @functools.lru_cache(maxsize=None)

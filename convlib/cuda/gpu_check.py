@@ -307,6 +307,7 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--tile-sweep", action="store_true", help="also time every GEMM / direct tile on a few shapes")
+    parser.add_argument("--profile", action="store_true", help="profile the host side of 200 direct calls on the seed shape")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -347,6 +348,34 @@ def run_bench(args, result: dict, save) -> None:
         save()
     if args.tile_sweep:
         result["tile_sweep"] = tile_sweep(args, seed, cases)
+    if args.profile:
+        result["profile"] = profile_host(seed)
+
+
+def profile_host(problem) -> str:
+    """cProfile of the host side of 200 direct calls (GPU work queued, not waited for)."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    tx = torch.randn(problem.x_shape, device="cuda")
+    tw = torch.randn(problem.w_shape, device="cuda")
+    run = _ours(problem, "direct", tx, tw)
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(200):
+        run()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+    print(text.getvalue(), flush=True)
+    return text.getvalue()
 
 
 def tile_sweep(args, seed, cases) -> list:
@@ -354,16 +383,18 @@ def tile_sweep(args, seed, cases) -> list:
 
     rows = []
     direct_tiles = [
-        DirectTile(32, 128, 4, 4, 4, 2), DirectTile(16, 128, 4, 4, 4, 4), DirectTile(32, 64, 4, 2, 4, 4),
-        DirectTile(64, 128, 8, 4, 4, 1), DirectTile(16, 256, 2, 8, 4, 2), DirectTile(32, 128, 2, 4, 4, 2),
+        DirectTile(16, 256, 2, 8, 4, 2), DirectTile(16, 256, 2, 8, 4, 4), DirectTile(8, 256, 1, 8, 4, 4),
+        DirectTile(32, 256, 4, 8, 4, 1), DirectTile(16, 512, 2, 16, 4, 1), DirectTile(8, 512, 2, 16, 4, 2),
+        DirectTile(16, 256, 4, 8, 4, 2), DirectTile(32, 128, 2, 4, 4, 2),
     ]
     tiles = {f"direct {t.TH}x{t.TW} {t.RPT}x{t.JPT} KB{t.KB} CB{t.CB}": {"direct": t} for t in direct_tiles}
     runs = {name: "direct" for name in tiles}
     rows.append(_sweep_case("seed", seed, runs, tiles, args.reps))
-    gemm_tiles = list(GEMM_TILES["float32"]) + [GemmTile(128, 128, 16, 8, 8), GemmTile(64, 64, 16, 8, 4)]
+    gemm_tiles = list(GEMM_TILES["float32"])[:4] + [GemmTile(64, 256, 8, 8, 8), GemmTile(64, 32, 8, 4, 4)]
     tiles = {f"blis {t.BM}x{t.BN}x{t.BK} {t.TM}x{t.TN}": {"gemm": t} for t in gemm_tiles}
     runs = {name: "blis" for name in tiles}
-    picks = [c for c in cases if c.label in ("s2 3x3 64>64", "s3 1x1 512>128", "s4 1x1 256>1024", "s5 3x3 512>512", "s3 3x3/2 128>128")]
+    picks = [c for c in cases if c.label in (
+        "s2 3x3 64>64", "s2 1x1 64>256", "s3 1x1 512>128", "s4 1x1 256>1024", "s5 1x1 2048>512", "s3 3x3/2 128>128")]
     for case in picks:
         rows.append(_sweep_case(case.label, case.problem, runs, tiles, args.reps))
     return rows
