@@ -65,43 +65,45 @@ class DirectBlocking:
         Consecutive wide output positions per block; a multiple of the SIMD width.
         ``KB * QB / lanes`` accumulators, ``KB`` broadcast weights and one input vector must
         fit in the vector registers (32 zmm with AVX-512, 16 ymm with AVX2).
+    speed : float
+        Measured multiply-adds per second relative to the table's best block, on a deep
+        reduction; :func:`choose_blocking` divides the padded work by it.
     """
 
     KB: int
     QB: int
+    speed: float = 1.0
 
 
-#: Candidate blocks per instruction set and dtype, best per FMA first. float64 halves QB.
+#: Candidate blocks per instruction set and dtype. float64 halves QB.
 #: AVX-512: 24 zmm accumulators. AVX2: 12 ymm accumulators + KB broadcasts + 1 input vector
-#: = 16 registers at most (4 x 24 would need 17 and spills). The single-channel blocks serve
-#: depthwise convolution (one output channel per group).
+#: = 16 registers at most (4 x 24 would need 17 and spills; 4 x 16 has too few accumulators
+#: for its broadcasts). The single-channel blocks serve depthwise convolution.
 DIRECT_BLOCKINGS = {
     "avx512": {
         "float32": (
             DirectBlocking(KB=4, QB=96),
             DirectBlocking(KB=8, QB=48),
             DirectBlocking(KB=12, QB=32),
-            DirectBlocking(KB=1, QB=128),
+            DirectBlocking(KB=1, QB=128, speed=0.5),
         ),
         "float64": (
             DirectBlocking(KB=4, QB=48),
             DirectBlocking(KB=8, QB=24),
             DirectBlocking(KB=12, QB=16),
-            DirectBlocking(KB=1, QB=64),
+            DirectBlocking(KB=1, QB=64, speed=0.5),
         ),
     },
     "avx2": {
         "float32": (
             DirectBlocking(KB=3, QB=32),
-            DirectBlocking(KB=2, QB=48),
-            DirectBlocking(KB=4, QB=16),
-            DirectBlocking(KB=1, QB=64),
+            DirectBlocking(KB=2, QB=48, speed=0.9),
+            DirectBlocking(KB=1, QB=64, speed=0.5),
         ),
         "float64": (
             DirectBlocking(KB=3, QB=16),
-            DirectBlocking(KB=2, QB=24),
-            DirectBlocking(KB=4, QB=8),
-            DirectBlocking(KB=1, QB=32),
+            DirectBlocking(KB=2, QB=24, speed=0.9),
+            DirectBlocking(KB=1, QB=32, speed=0.5),
         ),
     },
 }
@@ -188,19 +190,18 @@ def _tap_offsets(problem, planes: _Planes) -> np.ndarray:
 
 
 def choose_blocking(problem) -> DirectBlocking:
-    """The candidate of :data:`DIRECT_BLOCKINGS` that computes the fewest padded outputs.
+    """The candidate block of :data:`DIRECT_BLOCKINGS` expected to finish first.
 
-    Cost = ``K`` rounded up to ``KB`` times the wide positions rounded up to ``QB`` blocks;
-    ties go to the earlier (faster per FMA) candidate. ``KB = 1`` is only a candidate when a
-    group has a single output channel.
+    Expected time = ``K/groups`` rounded up to ``KB``, times the wide positions rounded up to
+    whole ``QB`` blocks, divided by the block's measured ``speed``; ties go to the earlier
+    candidate.
     """
     best, best_cost = None, None
     for b in blocking_candidates(problem.dtype):
-        if b.KB == 1 and problem.K_per_group != 1:
-            continue
         planes = _planes(problem, b.QB)
         wide_length = (problem.P - 1) * planes.Ws + problem.Q
-        cost = -(-problem.K_per_group // b.KB) * b.KB * -(-wide_length // b.QB) * b.QB
+        work = -(-problem.K_per_group // b.KB) * b.KB * -(-wide_length // b.QB) * b.QB
+        cost = work / b.speed
         if best_cost is None or cost < best_cost:
             best, best_cost = b, cost
     return best
