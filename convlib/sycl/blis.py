@@ -39,7 +39,14 @@ import functools
 from ..problem import ConvProblem
 from . import runtime
 from .blocking import blocking_for, row_work_group
-from .common import bias_or_zeros, device_empty, element_type, launch, zero_padded_input
+from .common import (
+    bias_or_zeros,
+    device_empty,
+    element_type,
+    fused_multiply_add,
+    launch,
+    zero_padded_input,
+)
 
 
 def supports(problem: ConvProblem) -> str | None:
@@ -97,6 +104,7 @@ def gemm_packed_kernel(MR: int, dtype: str):
     mods = runtime.load()
     dpex, kapi = mods.dpex, mods.kapi
     acc_type = element_type(dtype)
+    fma = fused_multiply_add()
 
     @dpex.kernel
     def gemm_packed(
@@ -127,7 +135,7 @@ def gemm_packed_kernel(MR: int, dtype: str):
             for kk in range(kc):
                 bv = b_panel[kk, j]
                 for i in range(MR):
-                    acc[i] += a_panels[g, micro_panel, pc + kk, i] * bv
+                    acc[i] = fma(a_panels[g, micro_panel, pc + kk, i], bv, acc[i])
             for i in range(MR):
                 if m0 + i < Kg:
                     y[n, k0 + i, pq] = acc[i]

@@ -50,7 +50,7 @@ class SyclBlocking:
 #: "gpu": untested starting values for an Intel GPU (sub-group 16/32; larger groups).
 BLOCKING = {
     ("cpu", "float32"): SyclBlocking(8, 64, 256, 8, 64, 256, 4096, 64),
-    ("cpu", "float64"): SyclBlocking(8, 64, 256, 8, 64, 256, 2048, 64),
+    ("cpu", "float64"): SyclBlocking(8, 64, 256, 4, 64, 256, 2048, 64),
     ("gpu", "float32"): SyclBlocking(8, 256, 256, 8, 128, 256, 8192, 256),
     ("gpu", "float64"): SyclBlocking(8, 128, 256, 8, 128, 256, 4096, 128),
 }

@@ -24,7 +24,14 @@ import functools
 from ..problem import ConvProblem
 from . import runtime
 from .blocking import blocking_for, register_block, row_work_group
-from .common import bias_or_zeros, device_empty, element_type, launch, zero_padded_input
+from .common import (
+    bias_or_zeros,
+    device_empty,
+    element_type,
+    fused_multiply_add,
+    launch,
+    zero_padded_input,
+)
 
 
 def supports(problem: ConvProblem) -> str | None:
@@ -43,6 +50,7 @@ def direct_kernel(R: int, S: int, stride_w: int, KB: int, dtype: str):
     mods = runtime.load()
     dpex, kapi = mods.dpex, mods.kapi
     acc_type = element_type(dtype)
+    fma = fused_multiply_add()
 
     @dpex.kernel
     def conv_direct_channel_block(
@@ -76,7 +84,7 @@ def direct_kernel(R: int, S: int, stride_w: int, KB: int, dtype: str):
                     for s in range(S):
                         xv = x[n, c0 + c, h, q * stride_w + s * dil_w]
                         for j in range(KB):
-                            acc[j] += xv * w[k0 + j, c, r, s]
+                            acc[j] = fma(xv, w[k0 + j, c, r, s], acc[j])
             for j in range(KB):
                 y[n, k0 + j, p, q] = acc[j]
 

@@ -34,7 +34,14 @@ from contextlib import contextmanager
 from ..problem import ConvProblem
 from . import runtime
 from .blocking import blocking_for, register_block
-from .common import bias_or_zeros, device_empty, element_type, launch, zero_padded_input
+from .common import (
+    bias_or_zeros,
+    device_empty,
+    element_type,
+    fused_multiply_add,
+    launch,
+    zero_padded_input,
+)
 
 GEMM_ENGINES = ("onemkl", "kernel")
 
@@ -119,6 +126,7 @@ def gemm_kernel(MB: int, dtype: str):
     mods = runtime.load()
     dpex, kapi = mods.dpex, mods.kapi
     acc_type = element_type(dtype)
+    fma = fused_multiply_add()
 
     @dpex.kernel
     def gemm_rows_block(
@@ -127,8 +135,9 @@ def gemm_kernel(MB: int, dtype: str):
         cols,  # IN  (nb, C*R*S, PQ)
         bias,  # IN  (K,)
         y,  # OUT (N, K, PQ)
-        n0, Kg,
+        n0_arg, Kg_arg,
     ):
+        n0, Kg = max(n0_arg, 0), max(Kg_arg, 1)  # provably non-negative: no wraparound selects
         block_id = nd.get_global_id(0)
         j = nd.get_global_id(1)
         K, PQ = y.shape[1], y.shape[2]
@@ -144,7 +153,7 @@ def gemm_kernel(MB: int, dtype: str):
             for k in range(Kgemm):
                 bv = cols[b, row0 + k, j]
                 for i in range(MB):
-                    acc[i] += filters[m0 + i, k] * bv
+                    acc[i] = fma(filters[m0 + i, k], bv, acc[i])
             for i in range(MB):
                 y[n0 + b, m0 + i, j] = acc[i]
 
