@@ -64,6 +64,11 @@ def simulator_active() -> bool:
 
 def is_cuda_array(arr) -> bool:
     """Whether ``arr`` is a CUDA array (or, under the simulator, one of its fake device arrays)."""
+    if isinstance(arr, np.ndarray):
+        return False
+    # PyTorch builds its interface dict anew on every access: ask the tensor instead.
+    if type(arr).__module__.split(".")[0] == "torch" and hasattr(arr, "is_cuda"):
+        return bool(arr.is_cuda)
     if hasattr(arr, "__cuda_array_interface__"):
         return True
     return type(arr).__name__ == "FakeCUDAArray" and type(arr).__module__.startswith("numba")
@@ -296,9 +301,10 @@ class CudaBackend(Backend):
                 dev = arr
             else:
                 # Our launches go to x's stream; an array exported on another stream must be
-                # complete before they start.
-                sync = _exported_stream(arr) not in (None, handle.stream_ptr)
-                dev = cuda.as_cuda_array(arr, sync=sync)
+                # complete before they start. (One read of the interface: PyTorch rebuilds it.)
+                cai = arr.__cuda_array_interface__
+                sync = cai.get("stream") not in (None, handle.stream_ptr)
+                dev = cuda.from_cuda_array_interface(cai, owner=arr, sync=sync)
             if not dev.is_c_contiguous():
                 dev = _contiguous_copy(dev, handle)
             return dev

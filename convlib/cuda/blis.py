@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 
-from .blocking import choose_gemm_tile
+from .blocking import choose_gemm_tile, forced_key
 from .gemm import IMAGE, gemm_kernel, gemm_launch_shape, shape_key
 from .launch import MAX_GRID_Y, flat, placeholder_bias
 
@@ -35,14 +35,14 @@ def conv2d(problem, x, w, bias, device):
         y = target.empty(problem.y_shape, problem.dtype)
         if problem.N == 0:
             return y
-        kernel, grid, block = _plan(problem, target.multiprocessors, target.simulator)
+        kernel, grid, block = _plan(problem, target.multiprocessors, target.simulator, forced_key())
         b = bias if bias is not None else placeholder_bias(problem.dtype, target)
         kernel[grid, block, target.stream](flat(x), flat(w), b, flat(y), problem.N)
     return y
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(problem, multiprocessors: int, simulator: bool):
+def _plan(problem, multiprocessors: int, simulator: bool, forced: tuple = ()):
     """Kernel and launch shape for ``problem`` (cached: the host cost of a repeated call is the launch)."""
     tile = choose_gemm_tile(problem, multiprocessors, simulator)
     kernel = gemm_kernel(shape_key(problem), tile, IMAGE, simulator)

@@ -147,6 +147,11 @@ def _round_up(n: int, m: int) -> int:
 _forced: dict = {}
 
 
+def forced_key() -> tuple:
+    """The tiles :func:`forced_tiles` imposes now, as a hashable key for cached launch plans."""
+    return tuple(sorted(_forced.items()))
+
+
 @contextlib.contextmanager
 def forced_tiles(gemm: GemmTile | None = None, direct: DirectTile | None = None):
     """Within the block, every GEMM / direct launch uses these tiles (tile sweeps in benchmarks).

@@ -34,9 +34,10 @@ import os
 
 import numpy as np
 
-from .blocking import ELEMENTWISE_THREADS, SIMULATOR_ELEMENTWISE_THREADS, choose_gemm_tile
+from .blocking import choose_gemm_tile
+from .codegen import compile_kernel, unsigned_constants
 from .gemm import COLUMNS, gemm_kernel, gemm_launch_shape, shape_key
-from .launch import MAX_GRID_Y, cuda, flat, placeholder_bias
+from .launch import MAX_GRID_Y, flat, placeholder_bias
 
 GEMM_ENGINES = ("auto", "own", "cublas")
 _engine = os.environ.get("CONVLIB_CUDA_GEMM", "auto").strip().lower()
@@ -87,68 +88,81 @@ def resolved_engine(simulator: bool) -> str:
 
 
 def supports(problem) -> str | None:
-    """None unless the groups outnumber CUDA's grid limit (direct serves those)."""
+    """None unless the groups or the column rows outnumber CUDA's grid limit (direct serves those)."""
     if problem.groups > MAX_GRID_Y:
         return f"groups={problem.groups} exceeds the {MAX_GRID_Y} groups one launch can address"
+    if problem.C * problem.R * problem.S > MAX_GRID_Y:
+        return f"C*R*S={problem.C * problem.R * problem.S} column rows exceed the {MAX_GRID_Y} one launch can address"
+    if problem.K > MAX_GRID_Y:
+        return f"K={problem.K} exceeds the {MAX_GRID_Y} channels one bias launch can address"
     return None
 
 
+#: Output pixels per thread block of the column and bias kernels (blockIdx.x runs over P*Q).
+PIXELS_PER_BLOCK = 256
+SIMULATOR_PIXELS_PER_BLOCK = 8
+
+
 @functools.lru_cache(maxsize=None)
-def im2col_kernel(key):
+def im2col_kernel(key, simulator: bool = False):
     """The column-matrix kernel for the problem shape ``key``.
 
     Returns
     -------
-    kernel(x, columns, image0, n_images)
-        Writes ``columns`` (``n_images x C*R*S x P*Q``, flat) from images ``image0 ..`` of the
-        flat ``x``; one thread per element.
+    kernel(x, columns, image0)
+        Writes ``columns`` (``images x C*R*S x P*Q``, flat) from images ``image0 ..`` of the flat
+        ``x``. Grid ``(P*Q / pixels per block, C*R*S, images)``: a block's row ``(c, r, s)`` is
+        uniform, so each thread decodes one pixel, reads one input value and writes one column
+        entry (consecutive threads, consecutive pixels).
     """
+    threads = SIMULATOR_PIXELS_PER_BLOCK if simulator else PIXELS_PER_BLOCK
+    padded = any(key.padding)
+    source = f'''
+def im2col(x, columns, image0):
+    # IN x (N*C*H*W), OUT columns (images*C*R*S*P*Q)
+    pq = U(cuda.blockIdx.x) * THREADS + U(cuda.threadIdx.x)
+    row = U(cuda.blockIdx.y)
+    img = U(cuda.blockIdx.z)
+    if pq < PQ:
+        c = row // RS
+        rs = row - c * RS
+        r = rs // S
+        p = pq // Q
+        q = pq - p * Q
+        ih = I(p * SH + r * DH) - TOP
+        iw = I(q * SW + (rs - r * S) * DW) - LEFT
+        src = ((U(image0) + img) * C + c) * HW
+        out = (img * ROWS + row) * PQ + pq
+        {"columns[out] = x[src + U(ih) * W + U(iw)] if U(ih) < H and U(iw) < W else zero" if padded else "columns[out] = x[src + U(ih) * W + U(iw)]"}
+'''
+    constants = unsigned_constants(
+        THREADS=threads, PQ=key.P * key.Q, RS=key.R * key.S, S=key.S, Q=key.Q, SH=key.stride[0],
+        SW=key.stride[1], DH=key.dilation[0], DW=key.dilation[1], C=key.C, HW=key.H * key.W, W=key.W,
+        H=key.H, ROWS=key.C * key.R * key.S,
+    )
     dtype = np.dtype(key.dtype)
-    zero = dtype.type(0)
-    C, H, W, R, S = key.C, key.H, key.W, key.R, key.S
-    sh, sw = key.stride
-    dh, dw = key.dilation
-    top, left = key.pad_top, key.pad_left
-    Q = key.Q
-    PQ, RS = key.P * key.Q, R * S
-    ROWS = C * RS
-
-    def kernel(x, columns, image0, n_images):
-        # IN x (N*C*H*W), OUT columns (n_images*C*R*S*P*Q)
-        e = cuda.grid(1)
-        if e < n_images * (ROWS * PQ):
-            row_img = e // PQ
-            pq = e - row_img * PQ
-            img = row_img // ROWS
-            row = row_img - img * ROWS
-            c = row // RS
-            rs = row - c * RS
-            r = rs // S
-            s = rs - r * S
-            p = pq // Q
-            q = pq - p * Q
-            ih = p * sh - top + r * dh
-            iw = q * sw - left + s * dw
-            value = zero
-            if 0 <= ih < H and 0 <= iw < W:
-                value = x[((image0 + img) * C + c) * (H * W) + ih * W + iw]
-            columns[e] = value
-
-    return cuda.jit(kernel)
+    constants.update(TOP=np.int64(key.pad_top), LEFT=np.int64(key.pad_left), zero=dtype.type(0))
+    return compile_kernel(source, "im2col", constants, simulator=simulator)
 
 
 @functools.lru_cache(maxsize=None)
-def bias_kernel(key):
-    """``kernel(y, bias, n_images)``: adds ``bias[k]`` to channel ``k`` of the flat NCHW ``y``."""
-    K, PQ = key.K, key.P * key.Q
+def bias_kernel(key, simulator: bool = False):
+    """``kernel(y, bias)``: adds ``bias[k]`` to channel ``k`` of the flat NCHW ``y``.
 
-    def kernel(y, bias, n_images):
-        # INOUT y (n_images*K*P*Q), IN bias (K,)
-        e = cuda.grid(1)
-        if e < n_images * (K * PQ):
-            y[e] += bias[(e // PQ) % K]
-
-    return cuda.jit(kernel)
+    Grid ``(P*Q / pixels per block, K, images)``: the channel is uniform per block.
+    """
+    threads = SIMULATOR_PIXELS_PER_BLOCK if simulator else PIXELS_PER_BLOCK
+    source = '''
+def add_bias(y, bias):
+    # INOUT y (images*K*P*Q), IN bias (K,)
+    pq = U(cuda.blockIdx.x) * THREADS + U(cuda.threadIdx.x)
+    k = U(cuda.blockIdx.y)
+    if pq < PQ:
+        e = (U(cuda.blockIdx.z) * K + k) * PQ + pq
+        y[e] = y[e] + bias[k]
+'''
+    constants = unsigned_constants(THREADS=threads, PQ=key.P * key.Q, K=key.K)
+    return compile_kernel(source, "add_bias", constants, simulator=simulator)
 
 
 def _cublas_chunk(problem, w, columns, y_chunk, images, target):
@@ -179,11 +193,12 @@ def conv2d(problem, x, w, bias, device):
             return y
         engine = resolved_engine(target.simulator)
         key = shape_key(problem)
-        chunk = problem.im2col_batch_chunk()
+        chunk = min(problem.im2col_batch_chunk(), MAX_GRID_Y)
         rows, PQ = problem.C * problem.R * problem.S, problem.P * problem.Q
         columns = target.empty((chunk * rows * PQ,), problem.dtype)
-        threads = SIMULATOR_ELEMENTWISE_THREADS if target.simulator else ELEMENTWISE_THREADS
-        make_columns = im2col_kernel(key)
+        threads = SIMULATOR_PIXELS_PER_BLOCK if target.simulator else PIXELS_PER_BLOCK
+        pixel_blocks = -(-PQ // threads)
+        make_columns = im2col_kernel(key, target.simulator)
         xf, wf = flat(x), flat(w)
         stream = target.stream
         if engine == "own":
@@ -193,7 +208,7 @@ def conv2d(problem, x, w, bias, device):
         for image0 in range(0, problem.N, chunk):
             images = min(chunk, problem.N - image0)
             used = columns[: images * rows * PQ]
-            make_columns[-(-used.size // threads), threads, stream](xf, used, image0, images)
+            make_columns[(pixel_blocks, rows, images), threads, stream](xf, used, image0)
             y_chunk = flat(y[image0:image0 + images])
             if engine == "own":
                 grid, block = gemm_launch_shape(problem, tile, images)
@@ -201,6 +216,5 @@ def conv2d(problem, x, w, bias, device):
             else:
                 _cublas_chunk(problem, w, used, y_chunk, images, target)
                 if bias is not None:
-                    add_bias = bias_kernel(key)
-                    add_bias[-(-y_chunk.size // threads), threads, stream](y_chunk, bias, images)
+                    bias_kernel(key, target.simulator)[(pixel_blocks, problem.K, images), threads, stream](y_chunk, bias)
     return y
