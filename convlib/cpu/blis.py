@@ -424,6 +424,7 @@ def blis_kernel(MC: int, KC: int, NC: int, MR: int, NR: int):
         w,  # IN  (K*C/groups*R*S,) flat
         bias, has_bias,  # IN  (K,) or a dummy when has_bias is False
         geo,  # IN  ConvGeometry
+        kc_step,  # the pc loop's step (<= KC), from BlisBlocking.panel_sizes
         m_parts, n_parts,  # the threads' grid over the (M x Ngemm) output of each group
         Ac_ws,  # SCRATCH (threads, >= mc*kc)
         Bc_ws,  # SCRATCH (threads, >= kc*nc)
@@ -449,8 +450,8 @@ def blis_kernel(MC: int, KC: int, NC: int, MR: int, NR: int):
             for g in range(geo.groups):
                 for jc in range(n_lo, n_hi, NC):
                     nc = min(NC, n_hi - jc)
-                    for pc in range(0, Kg, KC):
-                        kc = min(KC, Kg - pc)
+                    for pc in range(0, Kg, kc_step):
+                        kc = min(kc_step, Kg - pc)
                         pack_b_from_image(x, geo, g, jc, nc, pc, kc, NR, taps, runs, Bc)
                         mode = first_mode if pc == 0 else ACCUMULATE
                         for ic in range(m_lo, m_hi, MC):
@@ -505,7 +506,23 @@ def thread_split(problem: ConvProblem, blocking: BlisBlocking, threads: int) -> 
     return best[1], best[2]
 
 
-def conv2d(problem: ConvProblem, x, w, bias, device=None, *, blocking: BlisBlocking | None = None):
+def allocate_workspace(problem: ConvProblem, blocking: BlisBlocking, threads: int) -> dict:
+    """The per-thread scratch arrays of the driver, in its argument order (``Ac_ws``, ``Bc_ws``,
+    ``tile_ws``, ``taps_ws``, ``runs_ws``); their bytes are ``blocking.workspace_bytes(problem,
+    threads)``."""
+    dtype = np.dtype(problem.dtype)
+    mc, kc, nc = blocking.panel_sizes(problem)
+    return {
+        "Ac_ws": np.empty((threads, mc * kc), dtype),
+        "Bc_ws": np.empty((threads, kc * nc + VECTOR_SLACK_BYTES // dtype.itemsize), dtype),
+        "tile_ws": np.empty((threads, blocking.MR * blocking.NR), dtype),
+        "taps_ws": np.empty((threads, kc, 5), np.int64),
+        "runs_ws": np.empty((threads, blocking.NR, 4), np.int64),
+    }
+
+
+def conv2d(problem: ConvProblem, x, w, bias, device=None, *, blocking: BlisBlocking | None = None,
+           threads: int | None = None):
     """Convolution by the BLIS five-loop GEMM with implicit im2col (see the module docstring).
 
     Parameters
@@ -518,6 +535,9 @@ def conv2d(problem: ConvProblem, x, w, bias, device=None, *, blocking: BlisBlock
         Unused on the CPU.
     blocking : BlisBlocking, optional
         Block sizes to use instead of the table's (for tuning and tests).
+    threads : int, optional
+        Work partitions (each with its own workspace); default ``numba.get_num_threads()``. More
+        partitions than threads is allowed (tests use it to reach other thread grids).
 
     Returns
     -------
@@ -527,13 +547,8 @@ def conv2d(problem: ConvProblem, x, w, bias, device=None, *, blocking: BlisBlock
     if problem.N == 0:
         return np.empty(problem.y_shape, dtype)
     b = blocking or blis_blocking(problem.dtype)
-    threads = get_num_threads()
-    mc, kc, nc = b.panel_sizes(problem)
-    Ac_ws = np.empty((threads, mc * kc), dtype)
-    Bc_ws = np.empty((threads, kc * nc + VECTOR_SLACK_BYTES // dtype.itemsize), dtype)
-    tile_ws = np.empty((threads, b.MR * b.NR), dtype)
-    taps_ws = np.empty((threads, kc, 5), np.int64)
-    runs_ws = np.empty((threads, b.NR, 4), np.int64)
+    threads = threads or get_num_threads()
+    workspace = allocate_workspace(problem, b, threads)
     m_parts, n_parts = thread_split(problem, b, threads)
     y = np.empty(problem.y_shape, dtype)
     has_bias = bias is not None
@@ -541,7 +556,7 @@ def conv2d(problem: ConvProblem, x, w, bias, device=None, *, blocking: BlisBlock
     kernel = blis_kernel(b.MC, b.KC, b.NC, b.MR, b.NR)
     kernel(
         np.ascontiguousarray(x, dtype).reshape(-1), np.ascontiguousarray(w, dtype).reshape(-1),
-        bias_arr, has_bias, geometry_of(problem), m_parts, n_parts, Ac_ws, Bc_ws, tile_ws, taps_ws, runs_ws,
-        y.reshape(-1),
+        bias_arr, has_bias, geometry_of(problem), b.panel_sizes(problem)[1], m_parts, n_parts,
+        *workspace.values(), y.reshape(-1),
     )
     return y

@@ -45,10 +45,13 @@ class BlisBlocking:
         """``(mc, kc, nc)``: the block sizes clipped to ``problem``, as the panels are allocated.
 
         ``mc`` and ``nc`` are rounded up to whole register tiles (the packing routines pad the
-        last tile with zeros), ``kc`` is at most the reduction length.
+        last tile with zeros). ``kc`` is the step of the ``pc`` loop: the reduction length cut into
+        equal blocks of at most KC (576 = 2 x 288, not 384 + 192), so no block is so short that
+        the micro-kernel's load and store of its tile dominates it.
         """
         mc = min(self.MC, _round_up(problem.gemm_m, self.MR))
-        kc = min(self.KC, problem.gemm_k)
+        blocks = -(-problem.gemm_k // self.KC)
+        kc = -(-problem.gemm_k // blocks)
         nc = min(self.NC, _round_up(max(problem.gemm_n, 1), self.NR))
         return mc, kc, nc
 
@@ -86,8 +89,8 @@ def _round_up(n: int, m: int) -> int:
 BLIS_BLOCKING = {
     ("avx512", "float32"): BlisBlocking(MC=96, KC=384, NC=512, MR=6, NR=64),
     ("avx512", "float64"): BlisBlocking(MC=96, KC=256, NC=512, MR=6, NR=32),
-    ("avx2", "float32"): BlisBlocking(MC=96, KC=256, NC=1024, MR=6, NR=16),
-    ("avx2", "float64"): BlisBlocking(MC=96, KC=256, NC=512, MR=6, NR=8),
+    ("avx2", "float32"): BlisBlocking(MC=96, KC=384, NC=1024, MR=3, NR=32),
+    ("avx2", "float64"): BlisBlocking(MC=96, KC=256, NC=512, MR=3, NR=16),
 }
 
 

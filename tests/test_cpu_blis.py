@@ -1,0 +1,120 @@
+"""blis-specific tests: workspace bound, edge tiles, block loops, thread grids, the micro-kernel source.
+
+The contract test (tests/test_contract.py) covers the shapes every algorithm must serve; these
+drive the blis loops through small block sizes so that every loop runs several blocks with ragged
+ends on small problems, and check that the workspace is what the blocking reports.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from convlib.cpu import blis
+from convlib.cpu.blocking import BLIS_BLOCKING, BlisBlocking, blis_blocking
+from convlib.problem import ConvProblem
+
+from .conftest import random_arrays
+from .reference import TOLERANCE, conv2d_reference_for, relative_error
+
+#: Tiny blocks: several jc, pc, ic, jr, ir iterations with ragged ends on small problems.
+SMALL = {"float32": BlisBlocking(MC=6, KC=7, NC=16, MR=3, NR=8), "float64": BlisBlocking(MC=6, KC=7, NC=16, MR=3, NR=8)}
+
+# (N, C, H, W, K, R, S, stride, padding, dilation, groups, bias)
+EDGE_CASES = {
+    # PQ = 35: NR tiles straddle images; K = 7 leaves a 1-row tile; Kgemm = 45 a short pc block.
+    "straddling-tiles": (3, 5, 7, 5, 7, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True),
+    "one-pixel-images": (5, 4, 3, 3, 5, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1), 1, True),
+    "one-column-images": (2, 3, 9, 1, 4, 3, 1, (1, 1), (1, 1, 0, 0), (1, 1), 1, False),
+    "stride-dilation-asym-pad": (2, 3, 11, 13, 5, 3, 2, (2, 3), (2, 0, 1, 3), (2, 1), 1, True),
+    "groups-odd-K": (2, 6, 6, 9, 9, 2, 3, (1, 1), (0, 1, 1, 0), (1, 1), 3, True),
+    "depthwise": (2, 5, 8, 7, 5, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 5, False),
+    "filter-fills-padded-input": (2, 2, 4, 5, 3, 6, 7, (1, 1), (1, 1, 1, 1), (1, 1), 1, True),
+    "wide-padding": (1, 2, 3, 4, 3, 3, 3, (1, 1), (4, 3, 5, 6), (1, 1), 1, False),
+}
+
+
+def _problem(case, dtype):
+    N, C, H, W, K, R, S, stride, padding, dilation, groups, bias = EDGE_CASES[case]
+    return ConvProblem(N, C, H, W, K, R, S, stride, padding, dilation, groups, dtype, bias)
+
+
+def _check(problem, y, x, w, b):
+    assert y.shape == problem.y_shape and y.dtype == np.dtype(problem.dtype)
+    err = relative_error(y, conv2d_reference_for(problem, x, w, b))
+    assert err <= TOLERANCE[problem.dtype], f"{problem.describe()}: relative error {err:.3e}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", list(EDGE_CASES))
+def test_small_blocks_match_reference(case, dtype, rng):
+    problem = _problem(case, dtype)
+    x, w, b = random_arrays(rng, problem)
+    x0, w0 = x.copy(), w.copy()
+    _check(problem, blis.conv2d(problem, x, w, b, blocking=SMALL[dtype]), x, w, b)
+    assert np.array_equal(x, x0) and np.array_equal(w, w0)
+
+
+@pytest.mark.parametrize("threads", [1, 3, 4])
+def test_thread_grids(threads, rng):
+    # More partitions than threads is allowed; 3 and 4 reach the 3x1 / 1x3 / 2x2 grids.
+    for case in ("straddling-tiles", "groups-odd-K"):
+        problem = _problem(case, "float64")
+        x, w, b = random_arrays(rng, problem)
+        _check(problem, blis.conv2d(problem, x, w, b, blocking=SMALL["float64"], threads=threads), x, w, b)
+
+
+def test_thread_split_prefers_columns_for_large_images_and_rows_for_small():
+    b = BlisBlocking(MC=96, KC=384, NC=1024, MR=3, NR=32)
+    big = ConvProblem(8, 64, 56, 56, 64, 3, 3, padding=(1, 1, 1, 1))
+    small = ConvProblem(8, 512, 7, 7, 512, 3, 3, padding=(1, 1, 1, 1))
+    assert blis.thread_split(big, b, 2) == (1, 2)
+    assert blis.thread_split(small, b, 2) == (2, 1)
+    assert blis.thread_split(big, b, 1) == (1, 1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_table_blocking_matches_reference_on_many_tiles(dtype, rng):
+    # The table's own blocking, with more than one jc block and a ragged last tile.
+    problem = ConvProblem(3, 20, 23, 29, 37, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, dtype, True)
+    x, w, b = random_arrays(rng, problem)
+    _check(problem, blis.conv2d(problem, x, w, b), x, w, b)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_workspace_bytes_is_what_is_allocated(dtype, threads):
+    problem = ConvProblem(4, 16, 30, 31, 24, 3, 3, padding=(1, 1, 1, 1), dtype=dtype)
+    for blocking in (blis_blocking(dtype), SMALL[dtype]):
+        arrays = blis.allocate_workspace(problem, blocking, threads)
+        assert sum(a.nbytes for a in arrays.values()) == blocking.workspace_bytes(problem, threads)
+
+
+@pytest.mark.parametrize("key", list(BLIS_BLOCKING))
+def test_workspace_is_independent_of_batch_and_image_size(key):
+    blocking = BLIS_BLOCKING[key]
+    dtype = key[1]
+    sizes = {
+        blocking.workspace_bytes(ConvProblem(n, 64, h, h, 128, 3, 3, padding=(1, 1, 1, 1), dtype=dtype), 2)
+        for n in (8, 64) for h in (64, 512)
+    }
+    assert len(sizes) == 1
+    (size,) = sizes
+    itemsize = np.dtype(dtype).itemsize
+    panels = (blocking.MC * blocking.KC + blocking.KC * blocking.NC + blocking.MR * blocking.NR) * itemsize
+    assert size <= 2 * (panels + 64 * blocking.KC + 64 * blocking.NR)
+
+
+def test_blocking_table_is_consistent():
+    for blocking in BLIS_BLOCKING.values():
+        assert blocking.MC % blocking.MR == 0 and blocking.NC % blocking.NR == 0
+    with pytest.raises(ValueError):
+        BlisBlocking(MC=10, KC=8, NC=16, MR=3, NR=8)
+
+
+def test_micro_kernel_source_unrolls_rows():
+    source = blis.render_micro_kernel(3, 32)
+    assert "def micro_kernel_3x32(" in source
+    for i in range(3):
+        assert f"acc[{i}, j] += a{i} * bj" in source
+    assert "acc[3," not in source
