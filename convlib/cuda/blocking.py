@@ -106,16 +106,18 @@ class DirectTile:
         return (cb * rows * cols + kb * cb * problem.R * problem.S) * problem.itemsize
 
 
-#: GEMM tiles per dtype, largest first: the selector takes the first whose BM fits M (rounded up to
-#: a warp's worth of rows) and, when that leaves the GPU short of blocks, the next narrower BN.
+#: GEMM tiles per dtype, in order of preference. The selector takes the first whose BM fits M
+#: (rounded up to 16) and that gives every SM two blocks, else the fitting tile with the most
+#: blocks. 64x128 (128 threads, 8x8 each) beat 128x128 and 128x64 on 5 of 6 ResNet-50 layers at
+#: batch 128 on an H200 (docs/gpu.md, tile sweep); 128x128 won only on the strided 3x3.
 GEMM_TILES = {
     "float32": (
-        GemmTile(BM=128, BN=128, BK=8, TM=8, TN=8),
         GemmTile(BM=64, BN=128, BK=8, TM=8, TN=8),
         GemmTile(BM=128, BN=64, BK=8, TM=8, TN=8),
         GemmTile(BM=64, BN=64, BK=8, TM=4, TN=8),
         GemmTile(BM=32, BN=128, BK=8, TM=4, TN=8),
         GemmTile(BM=16, BN=128, BK=8, TM=2, TN=8),
+        GemmTile(BM=128, BN=128, BK=8, TM=8, TN=8),
     ),
     "float64": (
         GemmTile(BM=64, BN=64, BK=8, TM=4, TN=4),
@@ -125,9 +127,10 @@ GEMM_TILES = {
     ),
 }
 
-#: Direct tiles per dtype.
+#: Direct tiles per dtype. For float32, 8x256 outputs of 4 channels with 1x8 per thread ran the
+#: seed shape (N=8, C=K=4, 1024x1024, 3x3) fastest of eight tiles on an H200 (docs/gpu.md).
 DIRECT_TILES = {
-    "float32": DirectTile(TH=16, TW=256, RPT=2, JPT=8, KB=4, CB=2),
+    "float32": DirectTile(TH=8, TW=256, RPT=1, JPT=8, KB=4, CB=4),
     "float64": DirectTile(TH=16, TW=64, RPT=2, JPT=2, KB=4, CB=4),
 }
 
@@ -186,16 +189,13 @@ def choose_gemm_tile(problem, multiprocessors: int, simulator: bool = False, nge
     m = _round_up(problem.gemm_m, 16)
     n = problem.gemm_n if ngemm is None else ngemm
     fitting = [t for t in tiles if t.BM <= m] or [min(tiles, key=lambda t: t.BM)]
-    best_bm = max(t.BM for t in fitting)
-    same_m = [t for t in fitting if t.BM == best_bm]
-    choice = same_m[0]
-    for tile in same_m:
-        blocks = -(-problem.gemm_m // tile.BM) * -(-n // tile.BN) * problem.groups
-        choice = tile
-        # Two blocks per SM keep the FMA pipes busy while the other block waits on its loads.
-        if blocks >= 2 * multiprocessors:
-            break
-    return choice.check()
+
+    def blocks(tile):
+        return -(-problem.gemm_m // tile.BM) * -(-n // tile.BN) * problem.groups
+
+    # Two blocks per SM keep the FMA pipes busy while the other block waits on its loads.
+    enough = [t for t in fitting if blocks(t) >= 2 * multiprocessors]
+    return (enough[0] if enough else max(fitting, key=blocks)).check()
 
 
 def choose_direct_tile(problem, simulator: bool = False) -> DirectTile | None:

@@ -248,6 +248,21 @@ def seed_table(rows, ceil) -> str:
     return "\n".join(lines)
 
 
+def sweep_table(rows, ceil) -> str:
+    """The seed shape at other batch and image sizes: direct against cuDNN and the memory floor."""
+    lines = [
+        "| N, H=W (C=K=4, 3x3) | memory floor (ms) | cuDNN (ms) | direct (ms) | direct vs cuDNN | direct at % of copy bandwidth |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        res = row["results"]
+        floor = row["mbytes"] * 1e6 / (ceil["copy_GBps"] * 1e9) * 1e3
+        cudnn, direct = res.get("cudnn", {}).get("gpu_ms"), res.get("direct", {}).get("gpu_ms")
+        lines.append(f"| {row['label']} | {_fmt(floor)} | {_fmt(cudnn)} | {_fmt(direct)} | "
+                     f"{_fmt(cudnn / direct if cudnn and direct else None)}x | {_fmt(100 * floor / direct if direct else None)} |")
+    return "\n".join(lines)
+
+
 def resnet_table(rows) -> tuple[str, dict]:
     names = ["cudnn", "cudnn-tf32"] + [a for a in OUR_ALGOS if any(a in r["results"] for r in rows)]
     lines = [
@@ -307,6 +322,7 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--tile-sweep", action="store_true", help="also time every GEMM / direct tile on a few shapes")
+    parser.add_argument("--no-seed-sweeps", action="store_true", help="skip the seed batch and image-size sweeps")
     parser.add_argument("--profile", action="store_true", help="profile the host side of 200 direct calls on the seed shape")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -339,6 +355,12 @@ def run_bench(args, result: dict, save) -> None:
     seed = ConvProblem(8, 4, 1024, 1024, 4, 3, 3)
     result["seed"] = [bench_case("N=8 C=K=4 1024^2 3x3", seed, OUR_ALGOS, args.reps)]
     save()
+    if not args.no_seed_sweeps and not args.quick:
+        result["seed_sweeps"] = []
+        for n, size in [(8, 256), (8, 512), (8, 2048), (8, 4096), (16, 1024), (32, 1024), (64, 1024), (80, 1024)]:
+            problem = ConvProblem(n, 4, size, size, 4, 3, 3)
+            result["seed_sweeps"].append(bench_case(f"N={n} {size}^2", problem, ("direct",), args.reps))
+            save()
     cases = resnet50(batch=args.batch, quick=args.quick)
     result["resnet50"] = []
     for case in cases:
@@ -430,15 +452,18 @@ def render(report) -> str:
         c = report["ceilings"]
         parts.append(f"ceilings: copy {c['copy_GBps']:.0f} GB/s (read + write); FP32 matmul (TF32 off) {c['sgemm_TFLOPs']:.1f} TFLOP/s")
         parts.append(seed_table(report["seed"], c))
+        if report.get("seed_sweeps"):
+            parts.append(sweep_table(report["seed_sweeps"], c))
         table, geo = resnet_table(report["resnet50"])
         report["geomean"] = geo
         parts.append(table)
-        errors = [(r["label"], n, e["rel_error"]) for r in report["seed"] + report["resnet50"] for n, e in r["results"].items() if "rel_error" in e]
+        all_rows = report["seed"] + report.get("seed_sweeps", []) + report["resnet50"]
+        errors = [(r["label"], n, e["rel_error"]) for r in all_rows for n, e in r["results"].items() if "rel_error" in e]
         worst = {}
         for label, n, e in errors:
             worst[n] = max(worst.get(n, 0.0), e)
         parts.append("worst relative error vs cuDNN float64: " + ", ".join(f"{n} {e:.1e}" for n, e in worst.items()))
-        failures = [(r["label"], n, e["error"]) for r in report["seed"] + report["resnet50"] for n, e in r["results"].items() if "error" in e]
+        failures = [(r["label"], n, e["error"]) for r in all_rows for n, e in r["results"].items() if "error" in e]
         if failures:
             parts.append("failures: " + "; ".join(f"{l}/{n}: {e}" for l, n, e in failures))
     for row in report.get("tile_sweep", []):
