@@ -363,13 +363,16 @@ def direct_kernel(dtype: str, KB: int, QB: int):
             image_base = n * image_stride + g * group_stride
             acc = stack_array_2d(KB, QB, scalar)
             tile = stack_array_2d(KB, QB, scalar)
+            # (p0, q0) = divmod(j0, Ws), advanced without a division per block.
+            p0 = (qc * chunk * QB) // Ws
+            q0 = qc * chunk * QB - p0 * Ws
             for qb in range(qc * chunk, min(nqb, (qc + 1) * chunk)):
                 j0 = qb * QB
                 if wide_length >= QB and j0 > wide_length - QB:
                     j0 = wide_length - QB  # stay inside the image; recomputes a few outputs
+                    p0 = j0 // Ws
+                    q0 = j0 - p0 * Ws
                 base = image_base + j0
-                p0 = j0 // Ws
-                q0 = j0 - p0 * Ws
                 for kb in range(kb_first, kb_last):
                     kvalid = min(KB, Kg - kb * KB)
                     for kk in range(KB):
@@ -409,6 +412,10 @@ def direct_kernel(dtype: str, KB: int, QB: int):
                         pos += run
                         p += 1
                         q = 0
+                q0 += QB
+                while q0 >= Ws:
+                    q0 -= Ws
+                    p0 += 1
 
     return direct_conv_blocked
 

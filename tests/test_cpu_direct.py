@@ -1,0 +1,93 @@
+"""Tests particular to the CPU direct kernel: every block of the table, the edges of its blocking.
+
+The contract test covers the public behaviour; these force each ``(KB, QB)`` candidate (of both
+instruction-set tables: an AVX-512 block run on an AVX2 machine only spills, it must still be
+right) through the cases where the blocking has edges: K not a multiple of KB, an image shorter
+than one block, the last block shifted back, wide rows that wrap inside a block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from convlib.cpu import direct
+from convlib.problem import ConvProblem
+
+from .conftest import random_arrays
+from .reference import TOLERANCE, conv2d_reference_for, relative_error
+
+ALL_BLOCKS = sorted(
+    {(dtype, b) for table in direct.DIRECT_BLOCKINGS.values() for dtype, bs in table.items() for b in bs},
+    key=lambda item: (item[0], item[1].KB, item[1].QB),
+)
+
+# (N, C, H, W, K, R, S, stride, padding, dilation, groups, bias)
+EDGE_CASES = {
+    # no copy: stride 1, no padding; image long enough for a shifted-back last block
+    "no-copy-K7": (2, 3, 9, 40, 7, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1), 1, True),
+    # image shorter than any block: gathered planes with a zero tail
+    "tiny-image": (2, 2, 3, 4, 5, 2, 3, (1, 1), (0, 0, 0, 0), (1, 1), 1, False),
+    # wide rows of pitch 9 wrapping many times inside a block, padding and bias
+    "wrapping-rows": (3, 5, 7, 7, 13, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True),
+    # stride phases and dilation together, asymmetric padding
+    "phases": (2, 3, 17, 23, 4, 3, 4, (2, 3), (2, 0, 1, 3), (2, 1), 1, True),
+    # groups with K/groups not a multiple of any KB
+    "groups": (2, 6, 11, 13, 15, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 3, True),
+    "depthwise": (2, 5, 12, 19, 5, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 5, False),
+}
+
+
+def problem_for(name, dtype):
+    N, C, H, W, K, R, S, stride, padding, dilation, groups, bias = EDGE_CASES[name]
+    return ConvProblem(N, C, H, W, K, R, S, stride, padding, dilation, groups, dtype, bias)
+
+
+@pytest.mark.parametrize("case", list(EDGE_CASES))
+@pytest.mark.parametrize("dtype, block", ALL_BLOCKS, ids=lambda v: f"{v.KB}x{v.QB}" if hasattr(v, "KB") else v)
+def test_every_block_matches_reference(monkeypatch, rng, dtype, block, case):
+    problem = problem_for(case, dtype)
+    monkeypatch.setattr(direct, "choose_blocking", lambda p: block)
+    x, w, b = random_arrays(rng, problem)
+    copies = (x.copy(), w.copy(), None if b is None else b.copy())
+    y = direct.conv2d(problem, x, w, b, None)
+    assert y.shape == problem.y_shape and y.dtype == np.dtype(dtype)
+    assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[dtype]
+    assert np.array_equal(x, copies[0]) and np.array_equal(w, copies[1])
+    if b is not None:
+        assert np.array_equal(b, copies[2])
+
+
+@pytest.mark.parametrize("k_blocks_inner", [False, True])
+def test_both_loop_orders(monkeypatch, rng, k_blocks_inner):
+    problem = problem_for("groups", "float32")
+    monkeypatch.setattr(direct, "k_blocks_inner", lambda p, KB: k_blocks_inner)
+    x, w, b = random_arrays(rng, problem)
+    y = direct.conv2d(problem, x, w, b, None)
+    assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float32"]
+
+
+def test_workspace_is_what_is_allocated():
+    no_copy = ConvProblem(2, 4, 64, 64, 4, 3, 3)
+    assert direct.workspace_bytes(no_copy) == 0
+    padded = ConvProblem(2, 4, 64, 64, 4, 3, 3, padding=(1, 1, 1, 1))
+    block = direct.choose_blocking(padded)
+    assert direct.workspace_bytes(padded) == (2 * 4 * 66 * 66 + block.QB) * 4
+    # stride 2 with a 1x1 filter touches one phase of four: a quarter of x, no padding
+    strided = ConvProblem(1, 8, 32, 32, 8, 1, 1, stride=(2, 2))
+    block = direct.choose_blocking(strided)
+    assert direct.workspace_bytes(strided) == (8 * 16 * 16 + block.QB) * 4
+
+
+def test_blocking_choice():
+    # C=K=4: a block that covers K exactly beats one that computes padded channels
+    assert direct.choose_blocking(ConvProblem(8, 4, 256, 256, 4, 3, 3)).KB in (2, 4)
+    # depthwise: one output channel per group
+    assert direct.choose_blocking(ConvProblem(1, 8, 32, 32, 8, 3, 3, groups=8)).KB == 1
+
+
+def test_empty_batch():
+    problem = ConvProblem(0, 3, 8, 8, 4, 3, 3, padding=(1, 1, 1, 1))
+    x = np.zeros(problem.x_shape, np.float32)
+    w = np.ones(problem.w_shape, np.float32)
+    assert direct.conv2d(problem, x, w, None, None).shape == (0, 4, 8, 8)
