@@ -31,6 +31,11 @@ def _is_sycl_array(arr) -> bool:
     return type(arr).__module__.split(".")[0] in ("dpnp", "dpctl") and hasattr(arr, "sycl_queue")
 
 
+def supports_fp64(device) -> bool:
+    """Whether ``device`` (a ``dpctl.SyclDevice``) computes in float64 (its fp64 aspect)."""
+    return bool(device.has_aspect_fp64)
+
+
 def _describe_device(dev) -> str:
     return f"{dev.filter_string} ({dev.name})"
 
@@ -130,7 +135,7 @@ class SyclBackend(Backend):
             elif queue is None:
                 queue = self.cached_queue(device)
         dev = queue.sycl_device
-        if not dev.has_aspect_fp64:
+        if not supports_fp64(dev):
             for a in arrays:
                 if np.dtype(a.dtype) == np.float64:
                     raise TypeError(

