@@ -91,9 +91,13 @@ def gemm_source(key, tile: GemmTile, b_source: str, simulator: bool = False) -> 
         cond = ["col_ok"] + (["k < KK"] if check_k and not (tap_table is not None and padded) else [])
         if implicit and tap_table is not None:
             # The tap of row k from the constant-memory table (uniform across a warp: a broadcast).
-            fetch += ["k3 = k * U(3)", "delta = I(tap[k3])"]
+            fetch += ["k2 = k * U(2)", "delta = I(tap[k2])"]
             if padded:
-                fetch += ["ih = ih0 + I(tap[k3 + U(1)])", "iw = iw0 + I(tap[k3 + U(2)])"]
+                fetch += [
+                    "shifts = U(tap[k2 + U(1)])",
+                    "ih = ih0 + I(shifts >> U(16))",
+                    "iw = iw0 + I(shifts & U(65535))",
+                ]
                 cond += ["U(ih) < H", "U(iw) < W"]
                 offset = "U(tap_base + delta)"
             else:
@@ -167,7 +171,7 @@ def gemm(b, w, bias, y, n_images):
     # IN b: flat x (N*C*H*W) or columns (N*G*KK*PQ); IN w (K*KK); IN bias (K,); OUT y (N*K*P*Q)
     a_stage = cuda.shared.array(A_STAGE_LEN, dtype{align})   # 2 stages x BK x BM, k-major
     b_stage = cuda.shared.array(B_STAGE_LEN, dtype{align})   # 2 stages x BK x BN, k-major
-{"    tap = cuda.const.array_like(TAP)   # (c*H*W + r*dh*W + s*dw, r*dh, s*dw) per k" if tap_table is not None else ""}
+{"    tap = cuda.const.array_like(TAP)   # (c*H*W + r*dh*W + s*dw, r*dh << 16 | s*dw) per k" if tap_table is not None else ""}
     tid = U(cuda.threadIdx.x)
     n0 = U(cuda.blockIdx.x) * BN
     m0 = U(cuda.blockIdx.y) * BM
@@ -238,12 +242,13 @@ TAP_TABLE_LIMIT = 48 * 1024
 
 
 def _tap_table(key, BK: int):
-    """Per reduction row ``k = (c, r, s)``: its image offset, row and column shift, as int32.
+    """Per reduction row ``k = (c, r, s)``: its image offset and its packed row and column shifts.
 
-    Decoding ``k`` takes two divisions per element and step; reading the decode from constant
-    memory (one broadcast per warp, since a warp's threads share ``k``) takes three loads. Rows
-    past ``Kgemm`` (the last step's padding) get a row shift that lands outside any image, so the
-    bounds check zeroes them. None when the table or its offsets do not fit.
+    Two int32 per row: ``c*H*W + r*dh*W + s*dw`` and ``(r*dh << 16) | s*dw``. Decoding ``k``
+    takes two divisions per element and step; reading the decode from constant memory (one
+    broadcast per warp, since a warp's threads share ``k``) takes two loads. Rows past ``Kgemm``
+    (the last step's padding) get the largest row shift, which lands below any image the table
+    is built for, so the bounds check zeroes them. None when the table or its values do not fit.
     """
     R, S, KK = key.R, key.S, key.gemm_k
     rows = -(-KK // BK) * BK
@@ -251,11 +256,14 @@ def _tap_table(key, BK: int):
     r, s = np.divmod(rs, S)
     dr, ds = r * key.dilation[0], s * key.dilation[1]
     delta = c * key.H * key.W + dr * key.W + ds
-    if rows * 3 * 4 > TAP_TABLE_LIMIT or delta.max(initial=0) >= 2**31:
+    limit = 2**15 - 1
+    if (rows * 2 * 4 > TAP_TABLE_LIMIT or delta.max(initial=0) >= 2**31
+            or max(dr.max(initial=0), ds.max(initial=0)) >= limit or key.H + key.pad_top >= limit):
         return None
-    table = np.zeros((rows, 3), dtype=np.int32)
-    table[:KK] = np.stack([delta, dr, ds], axis=1)
-    table[KK:, 1] = -(2**30)
+    table = np.zeros((rows, 2), dtype=np.int32)
+    table[:KK, 0] = delta
+    table[:KK, 1] = (dr << 16) | ds
+    table[KK:, 1] = limit << 16
     return table.reshape(-1)
 
 
