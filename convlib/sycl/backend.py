@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import Backend
-from . import runtime
+from . import common, runtime
 
 
 def _is_sycl_array(arr) -> bool:
@@ -148,7 +148,10 @@ class SyclBackend(Backend):
     def prepare(self, arr, dtype, handle):
         dpt = self._mods().dpt
         if isinstance(arr, np.ndarray) or not _is_sycl_array(arr):
-            return dpt.asarray(np.ascontiguousarray(arr, dtype=dtype), sycl_queue=handle)
+            host = np.ascontiguousarray(arr, dtype=dtype)
+            out = common.device_empty(host.shape, dtype, handle)
+            out[...] = host
+            return out
         usm = arr.get_array() if hasattr(arr, "get_array") else arr
         if usm.flags.c_contiguous and usm.dtype == np.dtype(dtype):
             return usm
@@ -163,7 +166,11 @@ class SyclBackend(Backend):
             return mods.dpnp.asarray(y)
         if isinstance(like, mods.dpt.usm_ndarray):
             return y
-        return mods.dpt.asnumpy(y)
+        # numpy (or array-like) in, numpy out: on a CPU device the result lives in shared USM
+        # memory, which numpy can use in place (a 128 MiB copy saved); elsewhere copy it back.
+        handle.wait()
+        view = common.host_view(y)
+        return view if view is not None else mods.dpt.asnumpy(y)
 
 
 BACKEND = SyclBackend()

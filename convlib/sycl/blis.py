@@ -180,7 +180,7 @@ def conv2d(problem: ConvProblem, x, w, bias, device):
     Kg, Kgemm, Ngemm, PQ = p.K_per_group, p.gemm_k, p.gemm_n, p.P * p.Q
     KC = min(blk.blis_kc, Kgemm)
     NC = min(blk.blis_nc, max(Ngemm, 1))
-    y = device_empty(p.y_shape, p.dtype, device)
+    y = device_empty(p.y_shape, p.dtype, device, result=True)
     y3 = dpt.reshape(y, (p.N, p.K, PQ))
     x_padded = zero_padded_input(p, x)
     a_panels = pack_a_panels(p, w, MR, device)

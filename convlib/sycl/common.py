@@ -131,8 +131,27 @@ def advise_huge_pages(arr) -> None:
         madvise(start, end - start, _MADV_HUGEPAGE)
 
 
-def device_empty(shape, dtype: str, queue):
-    """An uninitialised ``usm_ndarray`` on ``queue`` (large ones advised to use huge pages)."""
-    arr = runtime.load().dpt.empty(shape, dtype=dtype, sycl_queue=queue)
+def device_empty(shape, dtype: str, queue, *, result: bool = False):
+    """An uninitialised ``usm_ndarray`` on ``queue`` (large ones advised to use huge pages).
+
+    ``result=True`` marks an algorithm's output: on a CPU device it is allocated as USM
+    *shared* memory (the same host RAM as device memory there, so kernels run as fast), which
+    lets the backend hand it to a numpy caller without a copy (see ``SyclBackend.finish``).
+    """
+    usm_type = "shared" if result and queue.sycl_device.is_cpu else "device"
+    arr = runtime.load().dpt.empty(shape, dtype=dtype, sycl_queue=queue, usm_type=usm_type)
     advise_huge_pages(arr)
     return arr
+
+
+def host_view(arr):
+    """A numpy array sharing ``arr``'s memory (which it keeps alive), or None when not possible.
+
+    Possible for a C-contiguous ``usm_ndarray`` filling a host-accessible (shared or host) USM
+    allocation from its start; the caller must have waited for the queue.
+    """
+    if arr.usm_type not in ("shared", "host") or not arr.flags.c_contiguous:
+        return None
+    if arr.__sycl_usm_array_interface__.get("offset", 0) or arr.nbytes != arr.usm_data.nbytes:
+        return None
+    return np.frombuffer(arr.usm_data, dtype=arr.dtype, count=arr.size).reshape(arr.shape)

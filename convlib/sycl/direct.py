@@ -109,7 +109,7 @@ def conv2d(problem: ConvProblem, x, w, bias, device):
     p = problem
     blk = blocking_for(device.sycl_device, p.dtype)
     kb = register_block(p.K_per_group, blk.direct_kb)
-    y = device_empty(p.y_shape, p.dtype, device)
+    y = device_empty(p.y_shape, p.dtype, device, result=True)
     kernel = direct_kernel(p.R, p.S, p.stride[1], kb, p.dtype)
     launch(
         kernel,

@@ -183,7 +183,7 @@ def conv2d(problem: ConvProblem, x, w, bias, device, gemm: str | None = None):
     dpt = mods.dpt
     blk = blocking_for(device.sycl_device, p.dtype)
     G, Kg, Kgemm, PQ = p.groups, p.K_per_group, p.gemm_k, p.P * p.Q
-    y = device_empty(p.y_shape, p.dtype, device)
+    y = device_empty(p.y_shape, p.dtype, device, result=True)
     x_padded = zero_padded_input(p, x)
     filters = dpt.reshape(w, (p.K, Kgemm))
     y3 = dpt.reshape(y, (p.N, p.K, PQ))
