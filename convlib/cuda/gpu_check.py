@@ -32,6 +32,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -196,7 +197,8 @@ def bench_case(label, problem, algos, reps, check=True, tiles=None) -> dict:
             context = blocking.forced_tiles(**tiles[name]) if tiles and name in tiles else _null()
             with context:
                 t0 = time.perf_counter()
-                y = run()
+                with _poisoned_allocations():
+                    y = run()
                 torch.cuda.synchronize()
                 entry["first_call_s"] = time.perf_counter() - t0
                 if ref is not None:
@@ -212,6 +214,35 @@ def bench_case(label, problem, algos, reps, check=True, tiles=None) -> dict:
         print(f"  {label:28s} {name:22s} " + " ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in entry.items()), flush=True)
     return row
+
+
+class _poisoned_allocations:
+    """Within the block, every array convlib allocates on the GPU starts as NaN, so the error check
+    after it proves that every output element was written (PyTorch's cache would otherwise hand
+    back memory holding an earlier, correct result)."""
+
+    def __enter__(self):
+        from convlib.cuda.backend import CudaTarget
+
+        self._plain = plain = CudaTarget.empty
+
+        def nan_empty(target, shape, dtype):
+            arr = plain(target, shape, dtype)
+            owner = getattr(arr, "convlib_owner", None)
+            if owner is not None:
+                (owner.fill_ if hasattr(owner, "fill_") else owner.fill)(float("nan"))
+            elif arr.size:
+                arr.copy_to_device(np.full(arr.shape, np.nan, dtype=dtype))
+            return arr
+
+        CudaTarget.empty = nan_empty
+        return self
+
+    def __exit__(self, *exc):
+        from convlib.cuda.backend import CudaTarget
+
+        CudaTarget.empty = self._plain
+        return False
 
 
 class _null:
@@ -307,7 +338,7 @@ def run_tests(out: Path, workers: int, quick: bool) -> dict:
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     (out / "tests.log").write_text(log)
-    tail = [line for line in log.splitlines() if " passed" in line or " failed" in line or " error" in line][-1:] or ["(no summary line)"]
+    tail = [line for line in log.splitlines() if re.match(r"^=*\s*\d+ (passed|failed)", line)][-1:] or ["(no summary line)"]
     print("\n".join(log.splitlines()[-40:]), flush=True)
     return {"command": " ".join(cmd), "returncode": proc.returncode, "summary": tail[0], "seconds": time.perf_counter() - t0}
 
