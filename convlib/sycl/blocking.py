@@ -10,12 +10,15 @@ private registers. Local-memory tiling was 2-4x slower on the CPU device, so no 
 =================  ==================================================================================
 ``direct_kb``      output channels per work-item in ``direct`` (register block; compile-time)
 ``direct_wg``      work-items per work-group of ``direct``, over output rows ``p`` x columns ``q``
-``im2col_wg``      work-group size along the output pixels ``p*Q + q`` of the im2col kernel
+``im2col_wg``      work-group size along the output rows ``p`` of the im2col kernel (an item copies a row)
 ``gemm_mb``        rows of C per work-item in our GEMM kernels (im2col's and blis'); compile-time
 ``gemm_wg``        work-group size along the columns of C in those GEMM kernels
 ``blis_kc``        depth of a packed B panel (``KC``: ``c, r, s`` taps per ``pc`` block)
 ``blis_nc``        columns of a packed B panel (``NC``: output pixels per ``jc`` block)
-``pack_wg``        work-items per work-group of blis' packing kernel (over output rows x columns)
+``blis_mc``        ``MR``-row micro-panels of A per work-group of blis' micro-kernel (``MC = blis_mc * MR``):
+                   the work-group's items sharing a strip of ``Bc`` run on one core, so the strip
+                   is read from L2 once per ``MC`` rows instead of once per ``MR``
+``pack_wg``        work-group size along the output rows of blis' packing kernel (an item copies a row)
 =================  ==================================================================================
 
 Two-dimensional work-groups over output rows x columns are shaped by :func:`row_work_group` from
@@ -42,6 +45,7 @@ class SyclBlocking:
     gemm_wg: int
     blis_kc: int
     blis_nc: int
+    blis_mc: int
     pack_wg: int
 
 
@@ -49,10 +53,10 @@ class SyclBlocking:
 #: 8 float32 lanes, 16 vector registers, so 8 accumulators per work-item leave room for operands).
 #: "gpu": untested starting values for an Intel GPU (sub-group 16/32; larger groups).
 BLOCKING = {
-    ("cpu", "float32"): SyclBlocking(8, 64, 256, 8, 64, 256, 4096, 64),
-    ("cpu", "float64"): SyclBlocking(8, 64, 256, 4, 64, 256, 2048, 64),
-    ("gpu", "float32"): SyclBlocking(8, 256, 256, 8, 128, 256, 8192, 256),
-    ("gpu", "float64"): SyclBlocking(8, 128, 256, 8, 128, 256, 4096, 128),
+    ("cpu", "float32"): SyclBlocking(8, 64, 8, 8, 64, 256, 4096, 1, 8),
+    ("cpu", "float64"): SyclBlocking(8, 64, 8, 4, 64, 256, 2048, 1, 8),
+    ("gpu", "float32"): SyclBlocking(8, 256, 32, 8, 128, 256, 8192, 1, 32),
+    ("gpu", "float64"): SyclBlocking(8, 128, 32, 8, 128, 256, 4096, 1, 32),
 }
 
 #: Set by tests and experiments (:func:`override`): replaces fields of every looked-up row.
