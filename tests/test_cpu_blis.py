@@ -31,6 +31,12 @@ EDGE_CASES = {
     "depthwise": (2, 5, 8, 7, 5, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 5, False),
     "filter-fills-padded-input": (2, 2, 4, 5, 3, 6, 7, (1, 1), (1, 1, 1, 1), (1, 1), 1, True),
     "wide-padding": (1, 2, 3, 4, 3, 3, 3, (1, 1), (4, 3, 5, 6), (1, 1), 1, False),
+    # W == Q with stride 1: the linear packing path (one copy per image and tap, padding columns
+    # zeroed after), including reads that would fall before the start or past the end of x.
+    "same-3x3-linear": (3, 3, 5, 5, 5, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True),
+    "same-5x4-dilated-linear": (2, 2, 6, 5, 4, 5, 4, (1, 1), (4, 4, 2, 1), (2, 1), 1, False),
+    "same-asym-rows-linear": (2, 3, 5, 6, 6, 2, 3, (1, 1), (0, 2, 2, 0), (1, 1), 3, True),
+    "linear-stride-h2-wide-pad": (2, 2, 4, 3, 3, 2, 2, (2, 1), (1, 0, 2, 2), (1, 1), 1, True),
 }
 
 
@@ -58,7 +64,7 @@ def test_small_blocks_match_reference(case, dtype, rng):
 @pytest.mark.parametrize("threads", [1, 3, 4])
 def test_thread_grids(threads, rng):
     # More partitions than threads is allowed; 3 and 4 reach the 3x1 / 1x3 / 2x2 grids.
-    for case in ("straddling-tiles", "groups-odd-K"):
+    for case in ("straddling-tiles", "groups-odd-K", "same-3x3-linear"):
         problem = _problem(case, "float64")
         x, w, b = random_arrays(rng, problem)
         _check(problem, blis.conv2d(problem, x, w, b, blocking=SMALL["float64"], threads=threads), x, w, b)

@@ -284,10 +284,15 @@ def copy_run_over(src, src_start, src_step, dst, dst_start, count):
             dst[d + t] = src[s + t * step]
 
 
-#: Columns of the per-tap table of pack_b_from_image.
-TAP_PLANE, TAP_ROW_OFFSET, TAP_COL_OFFSET, TAP_Q_LO, TAP_Q_HI = range(5)
-#: Columns of the per-panel table of pixel runs of pack_b_from_image.
-RUN_IMAGE, RUN_IH0, RUN_Q0, RUN_LENGTH = range(4)
+#: Columns of the per-tap table of pack_b_from_image: the tap's channel plane, input row and
+#: column offsets, and the output columns [q_lo, q_hi) and rows [p_lo, p_hi) that read inside
+#: the image.
+TAP_PLANE, TAP_ROW_OFFSET, TAP_COL_OFFSET, TAP_Q_LO, TAP_Q_HI, TAP_P_LO, TAP_P_HI = range(7)
+TAP_COLUMNS = 7
+#: Columns of the per-panel table of pixel runs of pack_b_from_image: the image's offset in x,
+#: the output row and column of the run's first pixel, its length.
+RUN_IMAGE, RUN_ROW, RUN_COL, RUN_LENGTH = range(4)
+RUN_COLUMNS = 4
 
 
 @njit(cache=True)
@@ -295,37 +300,47 @@ def pack_b_from_image(
     x,  # IN  (N * C * H * W,) the image, flat NCHW
     geo,  # IN  ConvGeometry
     group, jc, nc, pc, kc, NR,
-    taps,  # SCRATCH (>= kc, 5) int64
-    runs,  # SCRATCH (NR, 4) int64
+    taps,  # SCRATCH (>= kc, TAP_COLUMNS) int64
+    runs,  # SCRATCH (NR, RUN_COLUMNS) int64
     Bc,  # OUT (>= ceil(nc/NR)*kc*NR + one vector,) panels of kc x NR
 ):
     """Pack columns ``jc .. jc+nc`` (output pixels) and rows ``pc .. pc+kc`` (taps) of the
     implicit im2col matrix of ``group`` into ``Bc``, reading the image directly.
 
-    First a table of the kc taps (channel plane, input row and column offsets, and the range of
-    output columns ``q`` that read inside the image), then panel by panel: the panel's pixels are
-    cut into runs that stay in one output row (``runs``), and every tap copies each run's clipped
-    range of input columns and zero-fills the rest. No division in the inner loops.
+    First a table of the kc taps (``taps``), then panel by panel: the panel's pixels are cut into
+    runs (``runs``), and every tap copies each run's part that reads inside the image and
+    zero-fills the rest: clipped ranges, no per-element test, no division in the inner loops.
+
+    Runs are pixels of one output row in general. When the input address is linear in the pixel
+    index (stride 1 and ``W == Q``, e.g. 'same' padding), a run is all the panel's pixels of one
+    image: one contiguous copy per image and tap, then the few padding columns of each output
+    row are zeroed, instead of one short copy per output row (7 pixels on a 7x7 layer).
     """
     H, W, P, Q = geo.height, geo.width, geo.out_h, geo.out_w
     sh, sw = geo.stride_h, geo.stride_w
     plane = H * W
     image = geo.channels * plane
     PQ = P * Q
+    # Worth it when a panel holds several output rows; otherwise the per-row clipping is cheaper.
+    linear = sw == 1 and sh * W == Q and Q < NR
     RS = geo.filter_h * geo.filter_w
     channel0 = group * (geo.channels // geo.groups)
     c = pc // RS
     r = (pc - c * RS) // geo.filter_w
     s = pc - c * RS - r * geo.filter_w
     for p in range(kc):
+        row_off = r * geo.dil_h - geo.pad_top
         col_off = s * geo.dil_w - geo.pad_left
         taps[p, TAP_PLANE] = (channel0 + c) * plane
-        taps[p, TAP_ROW_OFFSET] = r * geo.dil_h - geo.pad_top
+        taps[p, TAP_ROW_OFFSET] = row_off
         taps[p, TAP_COL_OFFSET] = col_off
-        # Output columns q whose input column q*sw + col_off lies inside [0, W).
+        # Output columns q whose input column q*sw + col_off lies inside [0, W), rows likewise.
         q_lo = min(Q, max(0, (-col_off + sw - 1) // sw))
         taps[p, TAP_Q_LO] = q_lo
         taps[p, TAP_Q_HI] = max(q_lo, min(Q, (W - 1 - col_off) // sw + 1))
+        p_lo = min(P, max(0, (-row_off + sh - 1) // sh))
+        taps[p, TAP_P_LO] = p_lo
+        taps[p, TAP_P_HI] = max(p_lo, min(P, (H - 1 - row_off) // sh + 1))
         s += 1
         if s == geo.filter_w:
             s = 0
@@ -334,50 +349,93 @@ def pack_b_from_image(
                 r = 0
                 c += 1
     n = jc // PQ
-    oh = (jc - n * PQ) // Q
-    ow = jc - n * PQ - oh * Q
+    pq = jc - n * PQ
     for panel_start in range(0, nc, NR):
         width = min(NR, nc - panel_start)
         n_runs = 0
         done = 0
         while done < width:
-            run = min(Q - ow, width - done)
+            oh = pq // Q
+            ow = pq - oh * Q
+            run = min(PQ - pq if linear else Q - ow, width - done)
             runs[n_runs, RUN_IMAGE] = n * image
-            runs[n_runs, RUN_IH0] = oh * sh
-            runs[n_runs, RUN_Q0] = ow
+            runs[n_runs, RUN_ROW] = oh
+            runs[n_runs, RUN_COL] = ow
             runs[n_runs, RUN_LENGTH] = run
             n_runs += 1
             done += run
-            ow += run
-            if ow == Q:
-                ow = 0
-                oh += 1
-                if oh == P:
-                    oh = 0
-                    n += 1
+            pq += run
+            if pq == PQ:
+                pq = 0
+                n += 1
         row_start = panel_start * kc  # row 0 of this panel
         for p in range(kc):
-            tap_plane, row_off, col_off = taps[p, TAP_PLANE], taps[p, TAP_ROW_OFFSET], taps[p, TAP_COL_OFFSET]
-            q_lo, q_hi = taps[p, TAP_Q_LO], taps[p, TAP_Q_HI]
             dst = row_start + p * NR
-            for i in range(n_runs):
-                run = runs[i, RUN_LENGTH]
-                ih = runs[i, RUN_IH0] + row_off
-                if ih < 0 or ih >= H:
-                    fill_zeros_over(Bc, dst, run)
-                else:
-                    q0 = runs[i, RUN_Q0]
-                    lo = min(run, max(0, q_lo - q0))
-                    hi = max(lo, min(run, q_hi - q0))
-                    if lo > 0:
-                        fill_zeros_over(Bc, dst, lo)
-                    copy_run_over(x, runs[i, RUN_IMAGE] + tap_plane + ih * W + (q0 + lo) * sw + col_off, sw,
-                                  Bc, dst + lo, hi - lo)
-                    if hi < run:
-                        fill_zeros_over(Bc, dst + hi, run - hi)
-                dst += run
+            if linear:
+                pack_tap_linear(x, W, Q, taps[p], runs, n_runs, Bc, dst)
+            else:
+                pack_tap_by_rows(x, H, W, sh, sw, taps[p], runs, n_runs, Bc, dst)
             if width < NR:  # zero the columns past nc in the last panel
-                fill_zeros_over(Bc, dst, NR - width)
+                fill_zeros_over(Bc, dst + width, NR - width)
+
+
+@njit(cache=True, inline="always")
+def pack_tap_by_rows(x, H, W, sh, sw, tap, runs, n_runs, Bc, dst):
+    """One tap's row of a Bc panel, from runs of pixels within one output row."""
+    tap_plane, row_off, col_off = tap[TAP_PLANE], tap[TAP_ROW_OFFSET], tap[TAP_COL_OFFSET]
+    q_lo, q_hi = tap[TAP_Q_LO], tap[TAP_Q_HI]
+    for i in range(n_runs):
+        run = runs[i, RUN_LENGTH]
+        ih = runs[i, RUN_ROW] * sh + row_off
+        if ih < 0 or ih >= H:
+            fill_zeros_over(Bc, dst, run)
+        else:
+            q0 = runs[i, RUN_COL]
+            lo = min(run, max(0, q_lo - q0))
+            hi = max(lo, min(run, q_hi - q0))
+            if lo > 0:
+                fill_zeros_over(Bc, dst, lo)
+            copy_run_over(x, runs[i, RUN_IMAGE] + tap_plane + ih * W + (q0 + lo) * sw + col_off, sw,
+                          Bc, dst + lo, hi - lo)
+            if hi < run:
+                fill_zeros_over(Bc, dst + hi, run - hi)
+        dst += run
+
+
+@njit(cache=True, inline="always")
+def pack_tap_linear(x, W, Q, tap, runs, n_runs, Bc, dst):
+    """One tap's row of a Bc panel when the input address is ``pixel + const`` (stride 1,
+    ``W == Q``), from runs of pixels within one image."""
+    tap_plane, row_off, col_off = tap[TAP_PLANE], tap[TAP_ROW_OFFSET], tap[TAP_COL_OFFSET]
+    q_lo, q_hi = tap[TAP_Q_LO], tap[TAP_Q_HI]
+    pix_lo, pix_hi = tap[TAP_P_LO] * Q, tap[TAP_P_HI] * Q  # pixels of the rows inside the image
+    for i in range(n_runs):
+        run = runs[i, RUN_LENGTH]
+        pq0 = runs[i, RUN_ROW] * Q + runs[i, RUN_COL]
+        src = runs[i, RUN_IMAGE] + tap_plane + pq0 + row_off * W + col_off  # address of pixel pq0
+        a = min(run, max(0, pix_lo - pq0))
+        b = max(a, min(run, pix_hi - pq0))
+        # Reads outside x can only be padding columns (zeroed below): clip them off.
+        a_in = min(b, max(a, -src))
+        b_in = max(a_in, min(b, x.size - src))
+        if a_in > 0:
+            fill_zeros_over(Bc, dst, a_in)
+        copy_run_over(x, src + a_in, 1, Bc, dst + a_in, b_in - a_in)
+        if b_in < run:
+            fill_zeros_over(Bc, dst + b_in, run - b_in)
+        if q_lo > 0 or q_hi < Q:
+            # The copy read the neighbouring row's pixels for the padding columns: zero them.
+            pos = a
+            ow = runs[i, RUN_COL] if a == 0 else 0
+            while pos < b:
+                in_row = min(Q - ow, b - pos)
+                for t in range(pos, pos + min(in_row, q_lo - ow)):
+                    Bc[dst + t] = 0
+                for t in range(pos + max(0, q_hi - ow), pos + in_row):
+                    Bc[dst + t] = 0
+                pos += in_row
+                ow = 0
+        dst += run
 
 
 @njit(cache=True)
@@ -429,8 +487,8 @@ def blis_kernel(MC: int, KC: int, NC: int, MR: int, NR: int):
         Ac_ws,  # SCRATCH (threads, >= mc*kc)
         Bc_ws,  # SCRATCH (threads, >= kc*nc)
         tile_ws,  # SCRATCH (threads, MR*NR)
-        taps_ws,  # SCRATCH (threads, kc, 5) int64
-        runs_ws,  # SCRATCH (threads, NR, 4) int64
+        taps_ws,  # SCRATCH (threads, kc, TAP_COLUMNS) int64
+        runs_ws,  # SCRATCH (threads, NR, RUN_COLUMNS) int64
         y,  # OUT (N*K*P*Q,) flat NCHW
     ):
         M, Kg, Ng = geo.gemm_m, geo.gemm_k, geo.gemm_n
@@ -516,8 +574,8 @@ def allocate_workspace(problem: ConvProblem, blocking: BlisBlocking, threads: in
         "Ac_ws": np.empty((threads, mc * kc), dtype),
         "Bc_ws": np.empty((threads, kc * nc + VECTOR_SLACK_BYTES // dtype.itemsize), dtype),
         "tile_ws": np.empty((threads, blocking.MR * blocking.NR), dtype),
-        "taps_ws": np.empty((threads, kc, 5), np.int64),
-        "runs_ws": np.empty((threads, blocking.NR, 4), np.int64),
+        "taps_ws": np.empty((threads, kc, TAP_COLUMNS), np.int64),
+        "runs_ws": np.empty((threads, blocking.NR, RUN_COLUMNS), np.int64),
     }
 
 

@@ -59,7 +59,7 @@ class BlisBlocking:
         """Bytes of the packed panels for ``problem``: O(MC*KC + KC*NC), whatever N, H, W are.
 
         Every thread owns an ``Ac`` (mc x kc), a ``Bc`` (kc x nc, plus :data:`VECTOR_SLACK_BYTES`),
-        an MR x NR edge tile and two int64 tables for the packing of B, kc x 5 (taps) and NR x 4
+        an MR x NR edge tile and two int64 tables for the packing of B, kc x 7 (taps) and NR x 4
         (pixel runs); see :mod:`convlib.cpu.blis` for why the threads share nothing. ``threads`` defaults to ``numba.get_num_threads()``,
         the count :func:`convlib.cpu.blis.conv2d` allocates for.
         """
@@ -69,7 +69,7 @@ class BlisBlocking:
             threads = get_num_threads()
         mc, kc, nc = self.panel_sizes(problem)
         per_thread = (mc * kc + kc * nc + self.MR * self.NR) * problem.itemsize
-        per_thread += VECTOR_SLACK_BYTES + (kc * 5 + self.NR * 4) * 8
+        per_thread += VECTOR_SLACK_BYTES + (kc * 7 + self.NR * 4) * 8
         return threads * per_thread
 
 
