@@ -28,6 +28,7 @@ Writes ``gpu-check.json`` (every number), ``gpu-check.md`` (the tables) and ``te
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -97,7 +98,6 @@ def ceilings() -> dict:
     a = torch.randn(n, n, device="cuda")
     b = torch.randn(n, n, device="cuda")
     mm_ms = statistics.median(gpu_times(lambda: torch.mm(a, b), reps=5, warmup=2))
-    del src, dst, a, b
     return {
         "copy_GBps": 2 * 2**30 / (copy_ms * 1e-3) / 1e9,
         "sgemm_TFLOPs": 2 * n**3 / (mm_ms * 1e-3) / 1e12,
@@ -328,12 +328,8 @@ def run_tests(out: Path, workers: int, quick: bool) -> dict:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"]
     if not quick:
         cmd += ["tests/test_contract.py", "-k", "test_cuda or cuda-"]
-    try:
-        import xdist  # noqa: F401
-
+    if importlib.util.find_spec("xdist") is not None:
         cmd += ["-n", str(workers)]
-    except ImportError:
-        pass
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
