@@ -6,8 +6,8 @@ onto the device as follows (names as in :mod:`convlib.sycl.blocking` and BLIS it
 
 ``jc`` (host loop)
     over blocks of at most ``NC`` columns of B (output pixels of the whole batch), cut at
-    output-row boundaries: a block is ``NC // Q`` whole rows ``(n, p)``, or a segment of one
-    row when ``Q > NC``, so the packing kernel needs no per-item division.
+    output-row boundaries (:func:`panel_blocks`): a segment of one row when ``Q > NC``, whole
+    rows of one image, or whole images when an image has fewer than ``NC`` pixels.
 ``pc`` (host loop)
     over blocks of ``KC`` rows of B (``c, r, s`` taps). :func:`pack_b_kernel` gathers the
     ``KC x NC`` panel ``Bc`` straight from the (zero-padded) NCHW image: packing *is* the im2col,
@@ -112,20 +112,23 @@ def gemm_packed_kernel(MR: int, dtype: str):
         b_panel,  # IN  (KC, NC): packed image panel
         bias,  # IN  (K,)
         y,  # INOUT (N, K, PQ): C; read back when first == 0
-        g_arg, pc_arg, row0_arg, q0_arg, kc, nrows, ncols, Kg_arg, P_arg, Q_arg, first,
+        g_arg, pc_arg, n0_arg, pq0_arg, kc, nc, Kg_arg, single_image, first,
     ):
         # Clamped: provably positive indices and divisors (see pack_b_from_image).
-        g, pc, row0, q0 = max(g_arg, 0), max(pc_arg, 0), max(row0_arg, 0), max(q0_arg, 0)
-        Kg, P, Q, width = max(Kg_arg, 1), max(P_arg, 1), max(Q_arg, 1), max(ncols, 1)
+        g, pc, n0, pq0, Kg = max(g_arg, 0), max(pc_arg, 0), max(n0_arg, 0), max(pq0_arg, 0), max(Kg_arg, 1)
+        PQ = max(y.shape[2], 1)
         micro_panel = nd.get_global_id(0)
         j = nd.get_global_id(1)
         m0 = micro_panel * MR
         k0 = g * Kg + m0
-        if micro_panel < a_panels.shape[1] and j < nrows * width:
-            row = j // width  # where this column of C lives in y: once per item, not per tap
-            q = j - row * width
-            n = (row0 + row) // P
-            pq = ((row0 + row) - n * P) * Q + q0 + q
+        if micro_panel < a_panels.shape[1] and j < nc:
+            # Where column j of C lives in y. Within one image it is pq0 + j, contiguous across
+            # work-items (vector loads and stores); a panel of several small images divides.
+            n = n0
+            pq = pq0 + j
+            if not single_image:
+                n = n0 + j // PQ
+                pq = j - (n - n0) * PQ
             acc = kapi.PrivateArray(MR, acc_type)
             for i in range(MR):
                 acc[i] = 0
@@ -188,24 +191,43 @@ def conv2d(problem: ConvProblem, x, w, bias, device):
     pack_b = pack_b_kernel()
     micro = gemm_packed_kernel(MR, p.dtype)
     micro_panels = a_panels.shape[1]
-    # jc loop: panels of whole output rows (n, p), or segments of one row wider than NC.
-    ncols_max = min(p.Q, NC)
-    rows_per_panel = max(1, NC // p.Q) if p.Q <= NC else 1
     for g in range(p.groups):
-        for row0 in range(0, p.N * p.P, rows_per_panel):
-            nrows = min(rows_per_panel, p.N * p.P - row0)
-            for q0 in range(0, p.Q, ncols_max):
-                ncols = min(ncols_max, p.Q - q0)
-                for pc in range(0, Kgemm, KC):
-                    kc = min(KC, Kgemm - pc)
-                    launch(
-                        pack_b, (kc, nrows), (1, blk.pack_wg), device,
-                        x_padded, b_panel, g * p.C_per_group, pc, row0, q0, kc, nrows, ncols,
-                        p.R, p.S, p.P, p.stride[0], p.stride[1], p.dilation[0], p.dilation[1],
-                    )
-                    launch(
-                        micro, (micro_panels, nrows * ncols), (min(blk.blis_mc, micro_panels), blk.gemm_wg), device,
-                        a_panels, b_panel, bias_full, y3, g, pc, row0, q0, kc, nrows, ncols,
-                        Kg, p.P, p.Q, 1 if pc == 0 else 0,
-                    )
+        for row0, q0, nrows, ncols in panel_blocks(p, NC):
+            n0, pq0 = row0 // p.P, (row0 % p.P) * p.Q + q0
+            single_image = nrows <= p.P
+            for pc in range(0, Kgemm, KC):
+                kc = min(KC, Kgemm - pc)
+                launch(
+                    pack_b, (kc, nrows), (1, blk.pack_wg), device,
+                    x_padded, b_panel, g * p.C_per_group, pc, row0, q0, kc, nrows, ncols,
+                    p.R, p.S, p.P, p.stride[0], p.stride[1], p.dilation[0], p.dilation[1],
+                )
+                launch(
+                    micro, (micro_panels, nrows * ncols), (min(blk.blis_mc, micro_panels), blk.gemm_wg), device,
+                    a_panels, b_panel, bias_full, y3, g, pc, n0, pq0, kc, nrows * ncols, Kg,
+                    1 if single_image else 0, 1 if pc == 0 else 0,
+                )
     return y
+
+
+def panel_blocks(problem: ConvProblem, NC: int):
+    """The ``jc`` loop: ``(row0, q0, nrows, ncols)`` of each B panel of at most ``NC`` columns.
+
+    ``row0`` counts output rows over the batch (``n * P + p``). A panel is a segment of one
+    output row when ``Q > NC``; else whole rows of one image when ``P * Q > NC``; else whole
+    images. Panels inside one image keep y's columns contiguous for the micro-kernel.
+    """
+    N, P, Q = problem.N, problem.P, problem.Q
+    if Q > NC:
+        for row in range(N * P):
+            for q0 in range(0, Q, NC):
+                yield row, q0, 1, min(NC, Q - q0)
+    elif P * Q > NC:
+        rows = NC // Q
+        for n in range(N):
+            for p0 in range(0, P, rows):
+                yield n * P + p0, 0, min(rows, P - p0), Q
+    else:
+        images = NC // (P * Q)
+        for n0 in range(0, N, images):
+            yield n0 * P, 0, min(images, N - n0) * P, Q
