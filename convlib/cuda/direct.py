@@ -33,6 +33,7 @@ from .codegen import compile_kernel, indent, unsigned_constants
 from .gemm import shape_key
 from .launch import MAX_GRID_Y, cuda, flat, placeholder_bias
 
+
 def supports(problem) -> str | None:
     """Every valid problem is served (see the module docstring for the unstaged fallback)."""
     return None
