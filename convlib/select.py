@@ -34,22 +34,37 @@ class Choice:
     timings: dict = field(default_factory=dict, compare=False)
 
 
-def _cost_model(problem: ConvProblem, backend: str, candidates: list[str]) -> tuple[str, str]:
-    def pick(algo, why):
-        return (algo, why) if algo in candidates else None
-
+def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # Few channels per group: the GEMM is too thin to amortise packing, and the problem is bound by
     # memory traffic, which direct convolution keeps at its floor (x read once, y written once).
     if problem.gemm_k <= 72 or problem.gemm_m < 16:
-        choice = pick("direct", f"thin GEMM (M={problem.gemm_m}, K={problem.gemm_k}): memory-bound, direct streams the image once")
-        if choice:
-            return choice
-    if backend == "cpu":
-        choice = pick("blis", "GEMM-shaped problem: the packed BLIS GEMM reads the image directly, with bounded workspace")
-    else:
-        choice = pick("im2col", "GEMM-shaped problem: explicit im2col then a tuned device GEMM")
-    if choice:
-        return choice
+        return [("direct", f"thin GEMM (M={problem.gemm_m}, K={problem.gemm_k}): memory-bound, "
+                           "direct streams the image once")]
+    return [("blis", "GEMM-shaped problem: the packed BLIS GEMM reads the image directly, with bounded workspace")]
+
+
+def _sycl_rules(problem: ConvProblem) -> list[tuple[str, str]]:
+    if problem.gemm_k <= 72 or problem.gemm_m < 16:
+        return [("direct", f"thin GEMM (M={problem.gemm_m}, K={problem.gemm_k}): memory-bound, "
+                           "direct streams the image once")]
+    return [("im2col", "GEMM-shaped problem: explicit im2col then a tuned device GEMM")]
+
+
+def _cuda_rules(problem: ConvProblem) -> list[tuple[str, str]]:
+    # Measured on an H200 (docs/benchmarks.md): direct wins only on depthwise and very thin
+    # layers; the implicit GEMM beats im2col (even with cuBLAS) on every ResNet-50 layer.
+    if problem.groups == problem.C == problem.K or (problem.C_per_group <= 16 and problem.K_per_group <= 32):
+        return [("direct", "depthwise or few channels per group: direct keeps the image tile in shared memory")]
+    return [("blis", "GEMM-shaped problem: the implicit GEMM gathers image tiles straight into shared memory")]
+
+
+_RULES = {"cpu": _cpu_rules, "sycl": _sycl_rules, "cuda": _cuda_rules}
+
+
+def _cost_model(problem: ConvProblem, backend: str, candidates: list[str]) -> tuple[str, str]:
+    for algo, why in _RULES.get(backend, lambda p: [])(problem):
+        if algo in candidates:
+            return algo, why
     return candidates[0], "the first algorithm that can serve this problem"
 
 
@@ -120,7 +135,8 @@ def choose_algorithm(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups
        the seed thesis' C=K=4 images or depthwise layers) go to ``direct``: they are bound by memory
        traffic and direct convolution reads the image once and writes the output once.
     4. Otherwise the GEMM-based algorithm that measured fastest on the backend: ``blis`` on the
-       CPU, ``im2col`` on devices.
+       CPU, ``im2col`` on SYCL devices, ``blis`` (implicit GEMM) on CUDA GPUs, where ``direct`` is
+       kept for depthwise layers and for ``C/groups <= 16`` with ``K/groups <= 32``.
     """
     from .api import build_problem
     from .backends import resolve_device
