@@ -132,10 +132,11 @@ def micro_kernel_{{MR}}x{{NR}}(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias
 STORE, STORE_WITH_BIAS, ACCUMULATE = 0, 1, 2
 
 
-def render_micro_kernel(MR: int, NR: int) -> str:
-    """Source of the ``MR x NR`` micro-kernel: template lines marked per row repeated MR times."""
+def render(template: str, MR: int, NR: int = 0) -> str:
+    """Source from ``template``: lines marked ``#: per row`` repeated for ``i`` in ``range(MR)``,
+    ``{MR}`` and ``{NR}`` replaced everywhere."""
     lines = []
-    for line in _MICRO_KERNEL_TEMPLATE.splitlines():
+    for line in template.splitlines():
         if line.endswith(_PER_ROW):
             body = line[: -len(_PER_ROW)].rstrip()
             lines.extend(body.format(i=i, MR=MR, NR=NR) for i in range(MR))
@@ -144,16 +145,25 @@ def render_micro_kernel(MR: int, NR: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-@functools.lru_cache(maxsize=None)
-def _micro_kernel_function(MR: int, NR: int):
+def render_micro_kernel(MR: int, NR: int) -> str:
+    """Source of the ``MR x NR`` micro-kernel."""
+    return render(_MICRO_KERNEL_TEMPLATE, MR, NR)
+
+
+def _exec_function(source: str, name: str):
     namespace = {
         "stack_array_2d": stack_array_2d,
         "uintp": np.uintp,
         "ACCUMULATE": ACCUMULATE,
         "STORE_WITH_BIAS": STORE_WITH_BIAS,
     }
-    exec(compile(render_micro_kernel(MR, NR), f"<convlib blis micro_kernel_{MR}x{NR}>", "exec"), namespace)
-    return namespace[f"micro_kernel_{MR}x{NR}"]
+    exec(compile(source, f"<convlib blis {name}>", "exec"), namespace)
+    return namespace[name]
+
+
+@functools.lru_cache(maxsize=None)
+def _micro_kernel_function(MR: int, NR: int):
+    return _exec_function(render_micro_kernel(MR, NR), f"micro_kernel_{MR}x{NR}")
 
 
 def micro_kernel(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, MR, NR):
@@ -176,25 +186,43 @@ def _micro_kernel_overload(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bi
 # ------------------------------------------------------------------------------------------
 # Packing
 # ------------------------------------------------------------------------------------------
-@njit(cache=True)
-def pack_a_from_filters(
-    w,  # IN  (K * C/groups * R * S,) the filters, flat
-    row0,  # first filter row (output channel, counted over all groups) of the block
-    mc, pc, kc, gemm_k, MR,
-    Ac,  # OUT (>= ceil(mc/MR)*MR*kc,) panels of kc x MR
-):
-    """Pack rows ``row0 .. row0+mc`` and taps ``pc .. pc+kc`` of the filter matrix into ``Ac``."""
-    for ip in range((mc + MR - 1) // MR):
-        panel = ip * MR * kc
-        for i in range(MR):
-            row = ip * MR + i
-            if row < mc:
-                src = (row0 + row) * gemm_k + pc
+_PACK_A_TEMPLATE = f'''
+def pack_a_{{MR}}(w, row0, mc, pc, kc, gemm_k, Ac, MR):
+    # Rows unrolled: the MR stores of one tap are contiguous, and MR streams of w are read.
+    k = uintp(gemm_k)
+    for ip in range((mc + {{MR}} - 1) // {{MR}}):
+        panel = uintp(ip * {{MR}} * kc)
+        src = uintp((row0 + ip * {{MR}}) * gemm_k + pc)
+        if ip * {{MR}} + {{MR}} <= mc:
+            for p in range(uintp(kc)):
+                dst = panel + p * uintp({{MR}})
+                Ac[dst + uintp({{i}})] = w[src + uintp({{i}}) * k + p]         {_PER_ROW}
+        else:  # the last, partial panel: rows past mc are zero
+            for i in range({{MR}}):
                 for p in range(kc):
-                    Ac[panel + p * MR + i] = w[src + p]
-            else:
-                for p in range(kc):
-                    Ac[panel + p * MR + i] = 0
+                    row = ip * {{MR}} + i
+                    Ac[panel + p * {{MR}} + i] = w[(row0 + row) * gemm_k + pc + p] if row < mc else 0
+'''
+
+
+@functools.lru_cache(maxsize=None)
+def _pack_a_function(MR: int):
+    return _exec_function(render(_PACK_A_TEMPLATE, MR), f"pack_a_{MR}")
+
+
+def pack_a_from_filters(w, row0, mc, pc, kc, gemm_k, Ac, MR):
+    """Pack rows ``row0 .. row0+mc`` and taps ``pc .. pc+kc`` of the filter matrix (``w`` flat,
+    rows of ``gemm_k``) into ``Ac``: panels of ``kc x MR``, ``Ac[ip*MR*kc + p*MR + i] =
+    w[(row0 + ip*MR + i)*gemm_k + pc + p]``, zero for rows past ``mc``. ``MR`` a compile-time
+    constant, as for :func:`micro_kernel`. Callable from jitted code only."""
+    raise NotImplementedError("pack_a_from_filters is called from numba-compiled code only")
+
+
+@overload(pack_a_from_filters, prefer_literal=True)
+def _pack_a_overload(w, row0, mc, pc, kc, gemm_k, Ac, MR):
+    if not isinstance(MR, types.IntegerLiteral):
+        return None
+    return _pack_a_function(MR.literal_value)
 
 
 # Packing B moves short runs (a few to NR pixels): a plain loop spends them in LLVM's scalar
@@ -514,7 +542,7 @@ def blis_kernel(MC: int, KC: int, NC: int, MR: int, NR: int):
                         mode = first_mode if pc == 0 else ACCUMULATE
                         for ic in range(m_lo, m_hi, MC):
                             mc = min(MC, m_hi - ic)
-                            pack_a_from_filters(w, g * M + ic, mc, pc, kc, Kg, MR, Ac)
+                            pack_a_from_filters(w, g * M + ic, mc, pc, kc, Kg, Ac, MR)
                             for jr in range(0, nc, NR):
                                 nr = min(NR, nc - jr)
                                 col = jc + jr
