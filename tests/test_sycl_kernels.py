@@ -110,9 +110,9 @@ def test_im2col_chunks_the_batch(mods, gemm, rng, monkeypatch):
     shapes = []
     real_empty = common.device_empty
 
-    def spy(shape, dtype, queue):
+    def spy(shape, dtype, queue, **kwargs):
         shapes.append(tuple(shape))
-        return real_empty(shape, dtype, queue)
+        return real_empty(shape, dtype, queue, **kwargs)
 
     monkeypatch.setattr("convlib.sycl.im2col.device_empty", spy)
     per_image = problem.C * problem.R * problem.S * problem.P * problem.Q * 4
@@ -128,7 +128,7 @@ def test_blis_workspace_does_not_grow_with_the_image(mods, rng, monkeypatch):
     sizes = []
     real_empty = common.device_empty
     monkeypatch.setattr("convlib.sycl.blis.device_empty",
-                        lambda shape, dtype, queue: sizes.append(tuple(shape)) or real_empty(shape, dtype, queue))
+                        lambda shape, dtype, queue, **kw: sizes.append(tuple(shape)) or real_empty(shape, dtype, queue, **kw))
     with blocking.override(blis_kc=16, blis_nc=32):
         for n, h in ((1, 8), (3, 20)):
             problem = ConvProblem(n, 4, h, h, 8, 3, 3, padding=(1, 1, 1, 1))
