@@ -58,10 +58,10 @@ def test_every_block_matches_reference(monkeypatch, rng, dtype, block, case):
         assert np.array_equal(b, copies[2])
 
 
-@pytest.mark.parametrize("k_blocks_inner", [False, True])
-def test_both_loop_orders(monkeypatch, rng, k_blocks_inner):
+@pytest.mark.parametrize("chunk_blocks, k_ranges", [(1, 1), (3, 2), (1000, 5), (2, 1000)])
+def test_any_schedule(monkeypatch, rng, chunk_blocks, k_ranges):
     problem = problem_for("groups", "float32")
-    monkeypatch.setattr(direct, "k_blocks_inner", lambda p, KB: k_blocks_inner)
+    monkeypatch.setattr(direct, "schedule", lambda p, b: direct.Schedule(chunk_blocks, k_ranges))
     x, w, b = random_arrays(rng, problem)
     y = direct.conv2d(problem, x, w, b, None)
     assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float32"]

@@ -17,23 +17,28 @@ wrap, so a block of ``QB`` consecutive positions is ``QB / lanes`` vector loads 
 ``Q`` is 7 or 56. ``(c, r, s)`` is flattened into one loop over the precomputed ``offset`` table.
 
 The register block is ``KB`` output channels x ``QB`` wide positions, held in a stack
-accumulator (:func:`convlib.cpu.stack_buffer.stack_array_2d`) that LLVM keeps in zmm registers.
-Per tap it costs ``QB / lanes`` vector loads of ``x``, ``KB`` weight broadcasts and
+accumulator (:func:`convlib.cpu.stack_buffer.stack_array_2d`) that LLVM keeps in vector registers
+(checked in the assembly: one ``vfmadd231ps`` per accumulator per tap, no stack traffic in the
+tap loop). Per tap it costs ``QB / lanes`` vector loads of ``x``, ``KB`` weight broadcasts and
 ``KB * QB / lanes`` FMAs; the weights are packed as ``(group, K-block, tap, KB)`` so one tap's
 ``KB`` weights are adjacent. Only the tap loop is a loop: unrolling taps or rows in the body
 would pass the ~250 memory accesses beyond which LLVM stops keeping the block in registers.
-At the store, the block is copied (with bias) to a second stack tile and scattered row piece by
-row piece into ``y``. The last block of an image is shifted back to end at the image's last
-position (it recomputes a few outputs) so that no read leaves the image; images shorter than
-one block always go through the gathered planes, which carry a zero tail.
+A block that lies inside one output row is stored straight from the registers (with the bias);
+one that wraps rows is copied to a second stack tile and scattered row piece by row piece. The
+last block of an image is shifted back to end at the image's last position (it recomputes a
+few outputs) so that no read leaves the image; images shorter than one block always go through
+the gathered planes, which carry a zero tail.
 
-Parallel loop order: ``prange`` over ``(group, K-block, image, position block)``, flattened,
-position blocks innermost. numba hands each thread one contiguous half, so two threads get
-balanced work even for N=1, K=4; a thread keeps one K-block's weights in L1/L2 while it streams
-the images past them.
+Parallel loop order: ``prange`` over ``(group, [K-block,] image, chunk of position blocks)``,
+flattened, so numba hands each thread one contiguous share and two threads get balanced work
+even for N=1, K=4. When a group's packed weights fit in L2 (:func:`k_blocks_inner`) the
+K-blocks are swept inside each position block, so each piece of ``x`` comes from memory once
+and is reused from L1 (the C=K=4, 1024^2 case); otherwise a thread keeps one K-block's weights
+hot and streams the images past them (deep ResNet layers).
 
-Block sizes are data (:data:`DIRECT_BLOCKINGS`); :func:`choose_blocking` takes the candidate that
-computes the fewest padded multiply-adds (K padded to ``KB``, positions to whole blocks).
+Block sizes are data (:data:`DIRECT_BLOCKINGS`, one table per instruction set, picked from the
+host's features); :func:`choose_blocking` weighs each candidate's padded work (K rounded up to
+``KB``, positions to whole blocks) by its measured speed.
 
 What a new shape costs
 ----------------------
@@ -75,10 +80,11 @@ class DirectBlocking:
     speed: float = 1.0
 
 
-#: Candidate blocks per instruction set and dtype. float64 halves QB.
-#: AVX-512: 24 zmm accumulators. AVX2: 12 ymm accumulators + KB broadcasts + 1 input vector
-#: = 16 registers at most (4 x 24 would need 17 and spills; 4 x 16 has too few accumulators
-#: for its broadcasts). The single-channel blocks serve depthwise convolution.
+#: Candidate blocks per instruction set (see :func:`host_isa`) and dtype. float64 halves QB.
+#: AVX-512: 24 zmm accumulators. AVX-512 vectorised with ymm: 24 ymm accumulators + KB
+#: broadcasts + 1 input vector <= 32 registers. AVX2: 12 ymm accumulators + KB broadcasts + 1
+#: input vector <= 16 registers (4 x 24 would need 17 and spills; 4 x 16 has too few
+#: accumulators for its broadcasts). The single-channel blocks serve depthwise convolution.
 DIRECT_BLOCKINGS = {
     "avx512": {
         "float32": (
@@ -94,47 +100,76 @@ DIRECT_BLOCKINGS = {
             DirectBlocking(KB=1, QB=64, speed=0.5),
         ),
     },
+    "avx512-ymm": {
+        "float32": (
+            DirectBlocking(KB=4, QB=48),
+            DirectBlocking(KB=6, QB=32),
+            DirectBlocking(KB=3, QB=64),
+            DirectBlocking(KB=1, QB=128, speed=0.5),
+        ),
+        "float64": (
+            DirectBlocking(KB=4, QB=24),
+            DirectBlocking(KB=6, QB=16),
+            DirectBlocking(KB=3, QB=32),
+            DirectBlocking(KB=1, QB=64, speed=0.5),
+        ),
+    },
     "avx2": {
         "float32": (
             DirectBlocking(KB=3, QB=32),
             DirectBlocking(KB=2, QB=48, speed=0.9),
-            DirectBlocking(KB=1, QB=64, speed=0.5),
+            DirectBlocking(KB=1, QB=96, speed=0.5),
         ),
         "float64": (
             DirectBlocking(KB=3, QB=16),
             DirectBlocking(KB=2, QB=24, speed=0.9),
-            DirectBlocking(KB=1, QB=32, speed=0.5),
+            DirectBlocking(KB=1, QB=48, speed=0.5),
         ),
     },
 }
 
 
-def host_isa() -> str:
-    """``"avx512"`` when numba compiles for a CPU with AVX-512F, else ``"avx2"``.
-
-    Follows ``NUMBA_CPU_FEATURES`` when set, as numba's code generation does. (Some
-    hypervisors hide AVX-512 from a CPU that has it; the kernels then use AVX2 registers.)
-    """
+def _has_avx512() -> bool:
     from numba.core import config
 
-    if config.CPU_FEATURES:
-        return "avx512" if "+avx512f" in config.CPU_FEATURES else "avx2"
+    if config.CPU_FEATURES:  # NUMBA_CPU_FEATURES overrides the host's, as in numba's codegen
+        return "+avx512f" in config.CPU_FEATURES
     import llvmlite.binding as llvm
 
-    return "avx512" if llvm.get_host_cpu_features().get("avx512f", False) else "avx2"
+    return bool(llvm.get_host_cpu_features().get("avx512f", False))
+
+
+def _vectorise_probe(out, a):
+    for i in range(64):
+        out[i] += a[i] * out[i]
+
+
+@functools.lru_cache(maxsize=None)
+def host_isa() -> str:
+    """Which table of :data:`DIRECT_BLOCKINGS` fits the code numba generates here.
+
+    ``"avx512"``: AVX-512 with 512-bit vectors (32 zmm). ``"avx512-ymm"``: AVX-512 present but
+    LLVM vectorises with 256-bit vectors, as it does for Intel server cores (their
+    ``prefer-256-bit`` tuning), so 32 ymm registers. ``"avx2"``: 16 ymm registers (also what a
+    hypervisor that hides AVX-512 leaves). The vector width is read off the assembly of a tiny
+    probe loop, compiled once per process (~0.1 s) and only on AVX-512 hosts.
+    """
+    if not _has_avx512():
+        return "avx2"
+    probe = njit(_vectorise_probe)
+    probe.compile("(float32[::1], float32[::1])")
+    asm = probe.inspect_asm(probe.signatures[0])
+    return "avx512" if "zmm" in asm else "avx512-ymm"
 
 
 def blocking_candidates(dtype: str) -> tuple:
     """The :class:`DirectBlocking` candidates for ``dtype`` on this machine."""
-    return DIRECT_BLOCKINGS[_HOST_ISA][dtype]
+    return DIRECT_BLOCKINGS[host_isa()][dtype]
 
 
-_HOST_ISA = host_isa()
-
-
-#: Packed weights of one group up to this size are swept whole for every position block
-#: (see :func:`k_blocks_inner`); a quarter of a 1 MB L2.
-L2_WEIGHT_BUDGET = 256 * 1024
+#: Input bytes one work item's chunk of positions may read (see :func:`schedule`): about
+#: half of a 1 MB L2, leaving the rest to the weights streaming past.
+L2_INPUT_BUDGET = 512 * 1024
 
 
 # ------------------------------------------------------------------------------------------
@@ -207,16 +242,51 @@ def choose_blocking(problem) -> DirectBlocking:
     return best
 
 
-def k_blocks_inner(problem, KB: int) -> bool:
-    """Whether a thread sweeps every K-block over one position block before moving on.
+@dataclass(frozen=True)
+class Schedule:
+    """How the work of one problem is cut into work items for the threads (see :func:`schedule`).
 
-    True when a group's packed weights fit in L2 with room to spare: each block of input is then
-    read from memory once and reused from L1 by every K-block (the N=8, C=K=4, 1024^2 case).
-    False when the weights are large (deep ResNet layers): a thread keeps one K-block's
-    weights hot and streams the images past them instead.
+    Attributes
+    ----------
+    chunk_blocks : int
+        Consecutive position blocks of a group, counted across the images of the batch (image
+        after image), that a work item covers. Every K-block of the item's range sweeps the
+        whole chunk before the next K-block starts.
+    k_ranges : int
+        Into how many ranges the K-blocks of a group are split across work items.
     """
-    weight_bytes = -(-problem.K_per_group // KB) * KB * problem.gemm_k * problem.itemsize
-    return weight_bytes <= L2_WEIGHT_BUDGET
+
+    chunk_blocks: int
+    k_ranges: int
+
+
+def schedule(problem, block: DirectBlocking, threads: int | None = None) -> Schedule:
+    """Cut the output into work items whose input fits in L2 and that keep every thread busy.
+
+    A work item reuses its chunk of input once per K-block, so the chunk should stay in L2: it
+    reads about ``C/groups * planes per channel`` input elements per position (plus a halo of
+    ``R - 1`` wide rows), and chunks are sized to keep that under :data:`L2_INPUT_BUDGET`. One
+    K-block's weights stay in L1 while it sweeps the chunk and are read once per chunk. When
+    that leaves fewer than ~8 items per thread (numba splits ``prange`` statically, so fewer
+    items balance badly), the K-blocks are split into ranges first (each range re-reads the
+    chunk), and only then are chunks shrunk (each chunk re-reads the weights).
+    """
+    from numba import get_num_threads
+
+    threads = threads or get_num_threads()
+    wanted_items = 8 * threads
+    planes = _planes(problem, block.QB)
+    wide_length = (problem.P - 1) * planes.Ws + problem.Q
+    blocks = problem.N * -(-wide_length // block.QB)
+    per_position = problem.C_per_group * planes.planes_per_channel * problem.itemsize
+    halo = ((problem.R - 1) * problem.dilation[0] // problem.stride[0] + 1) * planes.Ws
+    chunk_blocks = min(blocks, max(1, (L2_INPUT_BUDGET // per_position - halo) // block.QB))
+    chunks = problem.groups * -(-blocks // chunk_blocks)
+    nkb = -(-problem.K_per_group // block.KB)
+    k_ranges = min(nkb, -(-wanted_items // chunks))
+    if chunks * k_ranges < wanted_items:
+        chunk_blocks = max(1, min(chunk_blocks, problem.groups * blocks * k_ranges // wanted_items))
+    return Schedule(chunk_blocks, k_ranges)
 
 
 def workspace_bytes(problem) -> int:
@@ -340,82 +410,84 @@ def direct_kernel(dtype: str, KB: int, QB: int):
 
     @njit(parallel=True, cache=True, fastmath={"contract"})
     def direct_conv_blocked(xs, image_stride, group_stride, tap_offsets, wpack, bias_packed, Ws,
-                            k_blocks_inner, y):
+                            chunk, k_ranges, y):
         N, K, P, Q = y.shape
         groups, nkb, taps = wpack.shape[0], wpack.shape[1], wpack.shape[2]
         Kg = K // groups
         wide_length = (P - 1) * Ws + Q
         nqb = (wide_length + QB - 1) // QB
-        kb_outer = 1 if k_blocks_inner else nkb
-        # Position blocks per work item: enough to amortise the item's set-up, few enough
-        # that two threads still get even shares of small problems.
-        chunk = max(1, min(16, (groups * kb_outer * N * nqb) // 64))
-        nchunks = (nqb + chunk - 1) // chunk
+        blocks = N * nqb  # position blocks of one group, image after image
+        nchunks = (blocks + chunk - 1) // chunk
+        kb_per_range = (nkb + k_ranges - 1) // k_ranges
         yflat = y.reshape(-1)
-        for item in prange(groups * kb_outer * N * nchunks):
+        for item in prange(groups * k_ranges * nchunks):
             qc = item % nchunks
             rest = item // nchunks
-            n = rest % N
-            rest //= N
-            kb_first = rest % kb_outer
-            g = rest // kb_outer
-            kb_last = nkb if k_blocks_inner else kb_first + 1
-            image_base = n * image_stride + g * group_stride
+            kr = rest % k_ranges
+            g = rest // k_ranges
             acc = stack_array_2d(KB, QB, scalar)
             tile = stack_array_2d(KB, QB, scalar)
-            # (p0, q0) = divmod(j0, Ws), advanced without a division per block.
-            p0 = (qc * chunk * QB) // Ws
-            q0 = qc * chunk * QB - p0 * Ws
-            for qb in range(qc * chunk, min(nqb, (qc + 1) * chunk)):
-                j0 = qb * QB
-                if wide_length >= QB and j0 > wide_length - QB:
-                    j0 = wide_length - QB  # stay inside the image; recomputes a few outputs
-                    p0 = j0 // Ws
-                    q0 = j0 - p0 * Ws
-                base = image_base + j0
-                for kb in range(kb_first, kb_last):
-                    kvalid = min(KB, Kg - kb * KB)
-                    for kk in range(KB):
-                        for jj in range(QB):
-                            acc[kk, jj] = 0
-                    for t in range(taps):
-                        src = base + tap_offsets[t]
-                        for jj in range(QB):
-                            xv = xs[np.uint64(src + jj)]
-                            for kk in range(KB):
-                                acc[kk, jj] += wpack[g, kb, t, kk] * xv
+            for kb in range(kr * kb_per_range, min(nkb, (kr + 1) * kb_per_range)):
+                b = qc * chunk
+                b_end = min(blocks, b + chunk)
+                while b < b_end:  # one image's part of the chunk per pass
+                    n = b // nqb
+                    qb_first = b - n * nqb
+                    qb_end = min(nqb, qb_first + b_end - b)
+                    b += qb_end - qb_first
+                    image_base = n * image_stride + g * group_stride
+                    # (p0, q0) = divmod(j0, Ws), advanced without a division per block.
+                    p0 = (qb_first * QB) // Ws
+                    q0 = qb_first * QB - p0 * Ws
+                    for qb in range(qb_first, qb_end):
+                        j0 = qb * QB
+                        if wide_length >= QB and j0 > wide_length - QB:
+                            j0 = wide_length - QB  # stay inside the image; recomputes a few outputs
+                            p0 = j0 // Ws
+                            q0 = j0 - p0 * Ws
+                        base = image_base + j0
+                        kvalid = min(KB, Kg - kb * KB)
+                        for kk in range(KB):
+                            for jj in range(QB):
+                                acc[kk, jj] = 0
+                        for t in range(taps):
+                            src = base + tap_offsets[t]
+                            for jj in range(QB):
+                                xv = xs[np.uint64(src + jj)]
+                                for kk in range(KB):
+                                    acc[kk, jj] += wpack[g, kb, t, kk] * xv
 
-                    y_block = (n * K + g * Kg + kb * KB) * P * Q
-                    if q0 + QB <= Q:
-                        # The whole block lies in one output row: constant-length stores.
-                        for kk in range(KB):  # constant trip count: acc stays in registers
-                            if kk < kvalid:
+                        y_block = (n * K + g * Kg + kb * KB) * P * Q
+                        if q0 + QB <= Q:
+                            # The whole block lies in one output row: constant-length stores.
+                            for kk in range(KB):  # constant trip count: acc stays in registers
+                                if kk < kvalid:
+                                    bk = bias_packed[g, kb, kk]
+                                    dst = y_block + kk * P * Q + p0 * Q + q0
+                                    for jj in range(QB):
+                                        yflat[np.uint64(dst + jj)] = acc[kk, jj] + bk
+                        else:
+                            for kk in range(KB):
                                 bk = bias_packed[g, kb, kk]
-                                dst = y_block + kk * P * Q + p0 * Q + q0
                                 for jj in range(QB):
-                                    yflat[np.uint64(dst + jj)] = acc[kk, jj] + bk
-                        continue
-                    for kk in range(KB):
-                        bk = bias_packed[g, kb, kk]
-                        for jj in range(QB):
-                            tile[kk, jj] = acc[kk, jj] + bk
-                    # The block wraps: scatter it row piece by row piece, dropping columns q >= Q.
-                    pos = 0
-                    p = p0
-                    q = q0
-                    while pos < QB and j0 + pos < wide_length:
-                        run = min(Ws - q, QB - pos)
-                        if q < Q:
-                            m = min(run, Q - q)
-                            for kk in range(kvalid):
-                                copy_run(tile, kk, pos, yflat, y_block + kk * P * Q + p * Q + q, m)
-                        pos += run
-                        p += 1
-                        q = 0
-                q0 += QB
-                while q0 >= Ws:
-                    q0 -= Ws
-                    p0 += 1
+                                    tile[kk, jj] = acc[kk, jj] + bk
+                            # The block wraps: scatter it row piece by row piece, dropping q >= Q.
+                            pos = 0
+                            p = p0
+                            q = q0
+                            while pos < QB and j0 + pos < wide_length:
+                                run = min(Ws - q, QB - pos)
+                                if q < Q:
+                                    m = min(run, Q - q)
+                                    for kk in range(kvalid):
+                                        copy_run(tile, kk, pos, yflat, y_block + kk * P * Q + p * Q + q, m)
+                                pos += run
+                                p += 1
+                                q = 0
+                        q0 += QB
+                        while q0 >= Ws:
+                            q0 -= Ws
+                            p0 += 1
 
     return direct_conv_blocked
 
@@ -479,9 +551,10 @@ def conv2d(problem, x, w, bias, device):
         bias_packed[:, :Kg] = bias.reshape(groups, Kg)
     bias_packed = bias_packed.reshape(groups, nkb, KB)
 
+    plan = schedule(problem, blk)
     kernel = direct_kernel(problem.dtype, KB, QB)
     kernel(
         xs, problem.C * plane_block, Cg * plane_block, _tap_offsets(problem, planes),
-        wpack, bias_packed, planes.Ws, k_blocks_inner(problem, KB), y,
+        wpack, bias_packed, planes.Ws, plan.chunk_blocks, plan.k_ranges, y,
     )
     return y
