@@ -7,7 +7,8 @@ Run under the project's timing lock, with the thread count fixed::
 
 ``seed``: N=8, C=K=4, H=W=1024, 3x3, float32: SYCL ``direct`` against
 ``torch.nn.functional.conv2d``. ``resnet3x3``: the 3x3 layers of ResNet-50 v1.5 at batch 8: SYCL
-``im2col`` (both GEMMs) and ``blis`` against the same algorithm on the CPU backend. Every figure
+``im2col`` (both GEMMs) and ``blis`` against the same algorithm on the CPU backend. ``compile``:
+first-call (kernel compile) times of each algorithm in a fresh process. Every figure
 is the median of interleaved repeats after a warm-up call, so ratios within one run are
 comparable on a noisy machine. SYCL times are given twice: with the data already on the device
 (``usm_ndarray`` in and out, as a dpnp user would call it) and with numpy in and out (copies
@@ -138,14 +139,48 @@ def resnet3x3(repeats: int, batch: int) -> None:
           f"sycl blis / cpu blis = {totals['sycl blis'] / totals['cpu blis']:.2f}")
 
 
+def compile_costs() -> None:
+    """First-call (kernel compile) and second-call times of each algorithm, in this fresh process."""
+    t0 = time.perf_counter()
+    from convlib.sycl import runtime
+
+    mods = runtime.load()
+    load_s = time.perf_counter() - t0
+    import convlib
+    from convlib.sycl import im2col
+
+    queue = convlib.backends.get_backend("sycl").resolve("sycl", [])
+    print(f"load the SYCL stack (import dpctl, dpnp, numba_dpex; relocation check): {load_s:.2f} s "
+          f"on {queue.sycl_device.filter_string} ({queue.sycl_device.name})")
+    rng = np.random.default_rng(0)
+    x = mods.dpt.asarray(rng.standard_normal((2, 16, 20, 20)).astype(np.float32), sycl_queue=queue)
+    w = mods.dpt.asarray(rng.standard_normal((32, 16, 3, 3)).astype(np.float32), sycl_queue=queue)
+    runs = [("direct", {}), ("im2col", {"gemm": "onemkl"}), ("im2col", {"gemm": "kernel"}), ("blis", {})]
+    for algo, extra in runs:
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            if extra:
+                with im2col.use_gemm(extra["gemm"]):
+                    convlib.conv2d(x, w, padding=1, algo=algo)
+            else:
+                convlib.conv2d(x, w, padding=1, algo=algo)
+            queue.wait()
+            times.append(time.perf_counter() - t0)
+        label = algo + (f" ({extra['gemm']})" if extra else "")
+        print(f"  {label:18s} first call {times[0]:.2f} s, second {times[1] * 1e3:.1f} ms")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m convlib.sycl.benchmark", description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("seed", "resnet3x3"))
+    parser.add_argument("what", choices=("seed", "resnet3x3", "compile"))
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args(argv)
     if args.what == "seed":
         seed(args.repeats)
+    elif args.what == "compile":
+        compile_costs()
     else:
         resnet3x3(args.repeats, args.batch)
     return 0
