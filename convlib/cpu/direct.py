@@ -375,6 +375,27 @@ def pack_weights(w, KB, wpack):
 
 
 @njit(inline="always")
+def scatter_wrapped_block(tile, rows, j0, p0, q0, wide_length, Ws, y, y_block, P, Q):
+    """Store a block whose wide positions wrap rows: row piece by row piece, dropping q >= Q.
+
+    ``tile[kk, i]`` is wide position ``j0 + i`` = output ``(p0, q0 + i)`` wrapped at ``Ws``, of
+    channel plane ``y_block + kk * P * Q`` of the flat output ``y``.
+    """
+    QB = tile.shape[1]
+    pos = 0
+    p = p0
+    q = q0
+    while pos < QB and j0 + pos < wide_length:
+        run = min(Ws - q, QB - pos)
+        if q < Q:
+            for kk in range(rows):
+                copy_run(tile, kk, pos, y, y_block + kk * P * Q + p * Q + q, min(run, Q - q))
+        pos += run
+        p += 1
+        q = 0
+
+
+@njit(inline="always")
 def copy_run(tile, row, start, out, dst, length):
     """``out[dst:dst+length] = tile[row, start:start+length]`` in whole vectors, then a tail.
 
@@ -428,66 +449,54 @@ def direct_kernel(dtype: str, KB: int, QB: int):
             acc = stack_array_2d(KB, QB, scalar)
             tile = stack_array_2d(KB, QB, scalar)
             for kb in range(kr * kb_per_range, min(nkb, (kr + 1) * kb_per_range)):
-                b = qc * chunk
-                b_end = min(blocks, b + chunk)
-                while b < b_end:  # one image's part of the chunk per pass
-                    n = b // nqb
-                    qb_first = b - n * nqb
-                    qb_end = min(nqb, qb_first + b_end - b)
-                    b += qb_end - qb_first
-                    image_base = n * image_stride + g * group_stride
-                    # (p0, q0) = divmod(j0, Ws), advanced without a division per block.
-                    p0 = (qb_first * QB) // Ws
-                    q0 = qb_first * QB - p0 * Ws
-                    for qb in range(qb_first, qb_end):
-                        j0 = qb * QB
-                        if wide_length >= QB and j0 > wide_length - QB:
-                            j0 = wide_length - QB  # stay inside the image; recomputes a few outputs
-                            p0 = j0 // Ws
-                            q0 = j0 - p0 * Ws
-                        base = image_base + j0
-                        kvalid = min(KB, Kg - kb * KB)
-                        for kk in range(KB):
-                            for jj in range(QB):
-                                acc[kk, jj] = 0
-                        for t in range(taps):
-                            src = base + tap_offsets[t]
-                            for jj in range(QB):
-                                xv = xs[np.uint64(src + jj)]
-                                for kk in range(KB):
-                                    acc[kk, jj] += wpack[g, kb, t, kk] * xv
+                kvalid = min(KB, Kg - kb * KB)
+                first = qc * chunk
+                n = first // nqb
+                qb = first - n * nqb
+                # (p0, q0) = divmod(j0, Ws), advanced from block to block without a division.
+                p0 = (qb * QB) // Ws
+                q0 = qb * QB - p0 * Ws
+                for _ in range(first, min(blocks, first + chunk)):
+                    if qb == nqb:  # the chunk goes on in the next image
+                        n += 1
+                        qb = p0 = q0 = 0
+                    j0 = qb * QB
+                    if wide_length >= QB and j0 > wide_length - QB:
+                        j0 = wide_length - QB  # stay inside the image; recomputes a few outputs
+                        p0 = j0 // Ws
+                        q0 = j0 - p0 * Ws
+                    base = n * image_stride + g * group_stride + j0
 
-                        y_block = (n * K + g * Kg + kb * KB) * P * Q
-                        if q0 + QB <= Q:
-                            # The whole block lies in one output row: constant-length stores.
-                            for kk in range(KB):  # constant trip count: acc stays in registers
-                                if kk < kvalid:
-                                    bk = bias_packed[g, kb, kk]
-                                    dst = y_block + kk * P * Q + p0 * Q + q0
-                                    for jj in range(QB):
-                                        yflat[np.uint64(dst + jj)] = acc[kk, jj] + bk
-                        else:
+                    for kk in range(KB):
+                        for jj in range(QB):
+                            acc[kk, jj] = 0
+                    for t in range(taps):
+                        src = base + tap_offsets[t]
+                        for jj in range(QB):
+                            xv = xs[np.uint64(src + jj)]
                             for kk in range(KB):
+                                acc[kk, jj] += wpack[g, kb, t, kk] * xv
+
+                    y_block = (n * K + g * Kg + kb * KB) * P * Q
+                    if q0 + QB <= Q:
+                        # The whole block lies in one output row: constant-length stores.
+                        for kk in range(KB):  # constant trip count: acc stays in registers
+                            if kk < kvalid:
                                 bk = bias_packed[g, kb, kk]
+                                dst = y_block + kk * P * Q + p0 * Q + q0
                                 for jj in range(QB):
-                                    tile[kk, jj] = acc[kk, jj] + bk
-                            # The block wraps: scatter it row piece by row piece, dropping q >= Q.
-                            pos = 0
-                            p = p0
-                            q = q0
-                            while pos < QB and j0 + pos < wide_length:
-                                run = min(Ws - q, QB - pos)
-                                if q < Q:
-                                    m = min(run, Q - q)
-                                    for kk in range(kvalid):
-                                        copy_run(tile, kk, pos, yflat, y_block + kk * P * Q + p * Q + q, m)
-                                pos += run
-                                p += 1
-                                q = 0
-                        q0 += QB
-                        while q0 >= Ws:
-                            q0 -= Ws
-                            p0 += 1
+                                    yflat[np.uint64(dst + jj)] = acc[kk, jj] + bk
+                    else:
+                        for kk in range(KB):
+                            bk = bias_packed[g, kb, kk]
+                            for jj in range(QB):
+                                tile[kk, jj] = acc[kk, jj] + bk
+                        scatter_wrapped_block(tile, kvalid, j0, p0, q0, wide_length, Ws, yflat, y_block, P, Q)
+                    qb += 1
+                    q0 += QB
+                    while q0 >= Ws:
+                        q0 -= Ws
+                        p0 += 1
 
     return direct_conv_blocked
 
