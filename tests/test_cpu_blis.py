@@ -118,9 +118,17 @@ def test_blocking_table_is_consistent():
         BlisBlocking(MC=10, KC=8, NC=16, MR=3, NR=8)
 
 
-def test_micro_kernel_source_unrolls_rows():
-    source = blis.render_micro_kernel(3, 32)
+def test_micro_kernel_source_unrolls_rows_and_vectors():
+    source = blis.render_micro_kernel(3, 32, 8)
     assert "def micro_kernel_3x32(" in source
     for i in range(3):
-        assert f"acc[{i}, j] += a{i} * bj" in source
-    assert "acc[3," not in source
+        for v in range(4):
+            assert f"vector_fma(acc, {i} * 32 + {v} * 8, a, ap + {i}, b, bp + {v} * 8, 8)" in source
+    assert "ap + 3," not in source and "bp + 4 * 8" not in source
+
+
+def test_micro_kernel_lanes_divide_NR():
+    for itemsize in (4, 8):
+        for NR in (8, 12, 16, 32, 64):
+            lanes = blis.micro_kernel_lanes(3, NR, itemsize)
+            assert NR % lanes == 0 and lanes * itemsize <= blis.simd_bytes()

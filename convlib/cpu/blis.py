@@ -67,11 +67,12 @@ from collections import namedtuple
 import numpy as np
 from numba import get_num_threads, njit, prange, types
 from llvmlite import ir
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ..problem import ConvProblem
-from .blocking import VECTOR_SLACK_BYTES, BlisBlocking, blis_blocking
-from .stack_buffer import stack_array_2d
+from .blocking import VECTOR_SLACK_BYTES, BlisBlocking, blis_blocking, host_isa
+from .stack_buffer import stack_array_1d
 
 #: The sizes the kernels need, as one numba-friendly (homogeneous int) named tuple.
 ConvGeometry = namedtuple(
@@ -96,35 +97,128 @@ def supports(problem: ConvProblem) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------
+# Vector intrinsics: unaligned loads and stores of whole vectors at an element index of a 1-D
+# array, no bounds check. ``lanes`` (a literal) is the vector length in elements.
+# ------------------------------------------------------------------------------------------
+def simd_bytes() -> int:
+    """Bytes of a vector register on :func:`~convlib.cpu.blocking.host_isa` (64 or 32)."""
+    return 64 if host_isa() == "avx512" else 32
+
+
+def _vector_at(context, builder, array_type, array, index, lanes):
+    """``(pointer, vector type, element alignment)`` for ``lanes`` elements at ``array[index]``."""
+    elem = context.get_value_type(array_type.dtype)
+    vec = ir.VectorType(elem, lanes)
+    data = context.make_array(array_type)(context, builder, array).data
+    pointer = builder.bitcast(builder.gep(data, [index]), vec.as_pointer())
+    return pointer, vec, context.get_abi_sizeof(elem)
+
+
+def _splat(builder, vec, value):
+    lanes = vec.count
+    one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), lanes), None))
+
+
+def _literal_lanes(lanes):
+    return lanes.literal_value if isinstance(lanes, types.IntegerLiteral) else None
+
+
+@intrinsic
+def vector_zero(typingctx, dst, index, lanes):
+    """``dst[index : index + lanes] = 0``."""
+    L = _literal_lanes(lanes)
+    if L is None:
+        return None
+
+    def codegen(context, builder, signature, args):
+        pointer, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], L)
+        builder.store(ir.Constant(vec, None), pointer, align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, index, lanes), codegen
+
+
+@intrinsic
+def vector_fma(typingctx, acc, acc_index, a, a_index, b, b_index, lanes):
+    """``acc[acc_index : +lanes] += a[a_index] * b[b_index : +lanes]`` (one fused multiply-add)."""
+    L = _literal_lanes(lanes)
+    if L is None:
+        return None
+
+    def codegen(context, builder, signature, args):
+        acc_ptr, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], L)
+        b_ptr, _, _ = _vector_at(context, builder, signature.args[4], args[4], args[5], L)
+        a_data = context.make_array(signature.args[2])(context, builder, args[2]).data
+        a_value = builder.load(builder.gep(a_data, [args[3]]), align=align)
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vec, [vec, vec, vec]),
+            f"llvm.fma.v{L}f{signature.args[0].dtype.bitwidth}",
+        )
+        total = builder.call(fma, [builder.load(b_ptr, align=align), _splat(builder, vec, a_value),
+                                   builder.load(acc_ptr, align=align)])
+        builder.store(total, acc_ptr, align=align)
+        return context.get_dummy_value()
+
+    return types.void(acc, acc_index, a, a_index, b, b_index, lanes), codegen
+
+
+@intrinsic
+def vector_add_into(typingctx, dst, dst_index, src, src_index, lanes):
+    """``dst[dst_index : +lanes] += src[src_index : +lanes]``."""
+    L = _literal_lanes(lanes)
+    if L is None:
+        return None
+
+    def codegen(context, builder, signature, args):
+        d, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], L)
+        s_, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], L)
+        builder.store(builder.fadd(builder.load(d, align=align), builder.load(s_, align=align)), d, align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_index, src, src_index, lanes), codegen
+
+
+@intrinsic
+def vector_store_plus(typingctx, dst, dst_index, src, src_index, scalar, lanes):
+    """``dst[dst_index : +lanes] = src[src_index : +lanes] + scalar``."""
+    L = _literal_lanes(lanes)
+    if L is None or not isinstance(scalar, (types.Float, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        d, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], L)
+        s_, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], L)
+        value = context.cast(builder, args[4], signature.args[4], signature.args[0].dtype)
+        builder.store(builder.fadd(builder.load(s_, align=align), _splat(builder, vec, value)), d, align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_index, src, src_index, scalar, lanes), codegen
+
+
+# ------------------------------------------------------------------------------------------
 # Micro-kernel: generated per (MR, NR) from a template whose per-row lines are repeated MR times.
 # ------------------------------------------------------------------------------------------
 _PER_ROW = "#: per row"
+_PER_VECTOR_ROW = "#: per vector, row"
+_PER_ROW_VECTOR = "#: per row, vector"
 
 _MICRO_KERNEL_TEMPLATE = f'''
 def micro_kernel_{{MR}}x{{NR}}(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, MR, NR):
-    # Unsigned indices: a signed one gets a negative-index wraparound test, which turns the
-    # vector loads of b into gathers and keeps the accumulators in memory.
-    a_base, b_base, c_base, ldc_u = uintp(a_off), uintp(b_off), uintp(c_off), uintp(ldc)
-    acc = stack_array_2d({{MR}}, {{NR}}, c.dtype)
-    for j in range({{NR}}):
-        acc[{{i}}, j] = 0                                                  {_PER_ROW}
-    for p in range(uintp(kc)):
-        ap = a_base + p * uintp({{MR}})
-        bp = b_base + p * uintp({{NR}})
-        a{{i}} = a[ap + uintp({{i}})]                                        {_PER_ROW}
-        for j in range(uintp({{NR}})):
-            bj = b[bp + j]
-            acc[{{i}}, j] += a{{i}} * bj                                     {_PER_ROW}
+    # Explicit {{L}}-lane vectors (NR/{{L}} per row): the register tile does not depend on the
+    # width LLVM's loop vectoriser prefers (256 bits on Intel AVX-512 parts, which would double
+    # the accumulators and spill them), and no index goes through numba's wraparound test.
+    acc = stack_array_1d({{MR}} * {{NR}}, c.dtype)
+    vector_zero(acc, {{i}} * {{NR}} + {{v}} * {{L}}, {{L}})                                          {_PER_ROW_VECTOR}
+    for p in range(kc):
+        ap = a_off + p * {{MR}}
+        bp = b_off + p * {{NR}}
+        vector_fma(acc, {{i}} * {{NR}} + {{v}} * {{L}}, a, ap + {{i}}, b, bp + {{v}} * {{L}}, {{L}})          {_PER_VECTOR_ROW}
     if mode == ACCUMULATE:
-        for j in range(uintp({{NR}})):
-            c[c_base + uintp({{i}}) * ldc_u + j] += acc[{{i}}, j]            {_PER_ROW}
-    elif mode == STORE_WITH_BIAS:
-        bias{{i}} = bias[bias_off + {{i}}]                                   {_PER_ROW}
-        for j in range(uintp({{NR}})):
-            c[c_base + uintp({{i}}) * ldc_u + j] = acc[{{i}}, j] + bias{{i}}  {_PER_ROW}
+        vector_add_into(c, c_off + {{i}} * ldc + {{v}} * {{L}}, acc, {{i}} * {{NR}} + {{v}} * {{L}}, {{L}})  {_PER_ROW_VECTOR}
     else:
-        for j in range(uintp({{NR}})):
-            c[c_base + uintp({{i}}) * ldc_u + j] = acc[{{i}}, j]             {_PER_ROW}
+        bias{{i}} = bias[bias_off + {{i}}] if mode == STORE_WITH_BIAS else 0.0                   {_PER_ROW}
+        vector_store_plus(c, c_off + {{i}} * ldc + {{v}} * {{L}}, acc, {{i}} * {{NR}} + {{v}} * {{L}}, bias{{i}}, {{L}})  {_PER_ROW_VECTOR}
 '''
 
 #: How the micro-kernel writes its tile: the first ``pc`` block stores (adding the bias when there
@@ -132,27 +226,48 @@ def micro_kernel_{{MR}}x{{NR}}(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias
 STORE, STORE_WITH_BIAS, ACCUMULATE = 0, 1, 2
 
 
-def render(template: str, MR: int, NR: int = 0) -> str:
+def render(template: str, MR: int, NR: int = 0, L: int = 1) -> str:
     """Source from ``template``: lines marked ``#: per row`` repeated for ``i`` in ``range(MR)``,
-    ``{MR}`` and ``{NR}`` replaced everywhere."""
+    ``#: per vector, row`` for each ``(v, i)`` and ``#: per row, vector`` for each ``(i, v)``
+    (``v`` in ``range(NR // L)``, the vectors of a row), ``{MR}``, ``{NR}``, ``{L}`` replaced."""
+    sizes = dict(MR=MR, NR=NR, L=L)
+    repeats = {
+        _PER_ROW: [dict(i=i) for i in range(MR)],
+        _PER_VECTOR_ROW: [dict(i=i, v=v) for v in range(NR // L) for i in range(MR)],
+        _PER_ROW_VECTOR: [dict(i=i, v=v) for i in range(MR) for v in range(NR // L)],
+    }
     lines = []
     for line in template.splitlines():
-        if line.endswith(_PER_ROW):
-            body = line[: -len(_PER_ROW)].rstrip()
-            lines.extend(body.format(i=i, MR=MR, NR=NR) for i in range(MR))
+        marker = next((m for m in repeats if line.endswith(m)), None)
+        if marker is None:
+            lines.append(line.format(**sizes))
         else:
-            lines.append(line.format(MR=MR, NR=NR))
+            body = line[: -len(marker)].rstrip()
+            lines.extend(body.format(**sizes, **index) for index in repeats[marker])
     return "\n".join(lines) + "\n"
 
 
-def render_micro_kernel(MR: int, NR: int) -> str:
-    """Source of the ``MR x NR`` micro-kernel."""
-    return render(_MICRO_KERNEL_TEMPLATE, MR, NR)
+def micro_kernel_lanes(MR: int, NR: int, itemsize: int) -> int:
+    """Lanes of the micro-kernel's vectors: the SIMD width of :func:`~convlib.cpu.blocking.host_isa`
+    for this itemsize, halved until it divides NR."""
+    lanes = simd_bytes() // itemsize
+    while NR % lanes:
+        lanes //= 2
+    return lanes
+
+
+def render_micro_kernel(MR: int, NR: int, L: int) -> str:
+    """Source of the ``MR x NR`` micro-kernel with ``L``-lane vectors."""
+    return render(_MICRO_KERNEL_TEMPLATE, MR, NR, L)
 
 
 def _exec_function(source: str, name: str):
     namespace = {
-        "stack_array_2d": stack_array_2d,
+        "stack_array_1d": stack_array_1d,
+        "vector_zero": vector_zero,
+        "vector_fma": vector_fma,
+        "vector_add_into": vector_add_into,
+        "vector_store_plus": vector_store_plus,
         "uintp": np.uintp,
         "ACCUMULATE": ACCUMULATE,
         "STORE_WITH_BIAS": STORE_WITH_BIAS,
@@ -162,8 +277,8 @@ def _exec_function(source: str, name: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _micro_kernel_function(MR: int, NR: int):
-    return _exec_function(render_micro_kernel(MR, NR), f"micro_kernel_{MR}x{NR}")
+def _micro_kernel_function(MR: int, NR: int, L: int):
+    return _exec_function(render_micro_kernel(MR, NR, L), f"micro_kernel_{MR}x{NR}")
 
 
 def micro_kernel(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, MR, NR):
@@ -180,7 +295,8 @@ def micro_kernel(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, MR
 def _micro_kernel_overload(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, MR, NR):
     if not (isinstance(MR, types.IntegerLiteral) and isinstance(NR, types.IntegerLiteral)):
         return None  # numba retries with the literal types
-    return _micro_kernel_function(MR.literal_value, NR.literal_value)
+    mr, nr = MR.literal_value, NR.literal_value
+    return _micro_kernel_function(mr, nr, micro_kernel_lanes(mr, nr, c.dtype.bitwidth // 8))
 
 
 # ------------------------------------------------------------------------------------------
