@@ -140,9 +140,9 @@ def gemm_kernel(MB: int, dtype: str):
         n0, Kg = max(n0_arg, 0), max(Kg_arg, 1)  # provably non-negative: no wraparound selects
         block_id = nd.get_global_id(0)
         j = nd.get_global_id(1)
-        K, PQ = y.shape[1], y.shape[2]
-        Kgemm = filters.shape[1]
-        blocks_per_image = K // MB
+        K, PQ = max(y.shape[1], 1), y.shape[2]
+        Kgemm = max(filters.shape[1], 1)
+        blocks_per_image = max(K // MB, 1)
         b = block_id // blocks_per_image
         m0 = (block_id % blocks_per_image) * MB
         row0 = (m0 // Kg) * Kgemm  # the group's first row of the column matrix
