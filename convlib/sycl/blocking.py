@@ -22,9 +22,9 @@ private registers. Local-memory tiling was 2-4x slower on the CPU device, so no 
 =================  ==================================================================================
 
 Two-dimensional work-groups over output rows x columns are shaped by :func:`row_work_group` from
-the item count in the table and the row length. Register blocks (``direct_kb``, ``gemm_mb``) are compile-time constants of the kernels (a new value
-compiles a new kernel, 0.2-1 s); work-group sizes and panel sizes are launch parameters and never
-recompile. Every work-group is clamped to the device's ``max_work_group_size`` and
+the item count in the table and the row length. Register blocks (``direct_kb``, ``gemm_mb``) are
+compile-time constants of the kernels (a new value compiles a new kernel, 0.2-1 s); work-group and
+panel sizes are launch parameters and never recompile. Every work-group is clamped to the device's ``max_work_group_size`` and
 ``max_work_item_sizes`` (a larger one runs *silently wrong* on the OpenCL CPU runtime), and the
 global range is padded up to a multiple of it, the kernels guarding the padding.
 """
@@ -49,14 +49,19 @@ class SyclBlocking:
     pack_wg: int
 
 
-#: (device kind, dtype) -> blocking. "cpu": the OpenCL CPU device, measured here (AVX2 target:
-#: 8 float32 lanes, 16 vector registers, so 8 accumulators per work-item leave room for operands).
-#: "gpu": untested starting values for an Intel GPU (sub-group 16/32; larger groups).
+#: (device kind, dtype) -> blocking. "cpu": the OpenCL CPU device, measured on the 2-core AMD EPYC
+#: of docs/devices.md (AVX2 target: 8 float32 lanes, 16 vector registers; with FMA, 8 accumulators
+#: per work-item fit, float64 takes 4). Bc = KC x NC is 16 MiB. "gpu": untested starting values for
+#: an Intel GPU (larger work-groups, no copy-loop per item needed but harmless).
 BLOCKING = {
-    ("cpu", "float32"): SyclBlocking(8, 64, 8, 8, 64, 256, 4096, 1, 8),
-    ("cpu", "float64"): SyclBlocking(8, 64, 8, 4, 64, 256, 2048, 1, 8),
-    ("gpu", "float32"): SyclBlocking(8, 256, 32, 8, 128, 256, 8192, 1, 32),
-    ("gpu", "float64"): SyclBlocking(8, 128, 32, 8, 128, 256, 4096, 1, 32),
+    ("cpu", "float32"): SyclBlocking(direct_kb=8, direct_wg=64, im2col_wg=8, gemm_mb=8, gemm_wg=64,
+                                     blis_kc=512, blis_nc=8192, blis_mc=1, pack_wg=8),
+    ("cpu", "float64"): SyclBlocking(direct_kb=8, direct_wg=64, im2col_wg=8, gemm_mb=4, gemm_wg=64,
+                                     blis_kc=512, blis_nc=4096, blis_mc=1, pack_wg=8),
+    ("gpu", "float32"): SyclBlocking(direct_kb=8, direct_wg=256, im2col_wg=32, gemm_mb=8, gemm_wg=128,
+                                     blis_kc=256, blis_nc=8192, blis_mc=1, pack_wg=32),
+    ("gpu", "float64"): SyclBlocking(direct_kb=8, direct_wg=128, im2col_wg=32, gemm_mb=8, gemm_wg=128,
+                                     blis_kc=256, blis_nc=4096, blis_mc=1, pack_wg=32),
 }
 
 #: Set by tests and experiments (:func:`override`): replaces fields of every looked-up row.
