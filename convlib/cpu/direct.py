@@ -318,6 +318,8 @@ def gather_source_planes(x, phases_h, phases_w, stride_h, stride_w, top, left, x
     """
     N, C, H, W = x.shape
     nph, npw, Hs, Ws = xs.shape[2], xs.shape[3], xs.shape[4], xs.shape[5]
+    x_flat = x.reshape(-1)
+    xs_flat = xs.reshape(-1)
     for item in prange(N * C * nph * npw):
         ib = item % npw
         rest = item // npw
@@ -331,19 +333,27 @@ def gather_source_planes(x, phases_h, phases_w, stride_h, stride_w, top, left, x
         j_lo = min(Ws, max(0, -(-(left - b) // stride_w)))
         j_hi = min(Ws, max(j_lo, -(-(W + left - b) // stride_w)))
         for i in range(Hs):
+            dst = (item * Hs + i) * Ws
             row = i * stride_h + a - top
-            dst = xs[n, c, ia, ib, i]
             if row < 0 or row >= H:
-                dst[:] = 0
+                xs_flat[dst:dst + Ws] = 0
                 continue
-            src = x[n, c, row]
-            dst[:j_lo] = 0
+            xs_flat[dst:dst + j_lo] = 0
+            xs_flat[dst + j_hi:dst + Ws] = 0
+            # Unsigned flat indices from the first copied element on: no negative-index checks.
+            out = np.uint64(dst + j_lo)
+            src = np.uint64(((n * C + c) * H + row) * W + j_lo * stride_w + b - left)
+            count = np.uint64(j_hi - j_lo)
             if stride_w == 1:
-                dst[j_lo:j_hi] = src[j_lo + b - left:j_hi + b - left]
+                for j in range(count):
+                    xs_flat[out + j] = x_flat[src + j]
+            elif stride_w == 2:  # the common strided case, with a literal stride
+                for j in range(count):
+                    xs_flat[out + j] = x_flat[src + np.uint64(2) * j]
             else:
-                for j in range(j_lo, j_hi):
-                    dst[j] = src[j * stride_w + b - left]
-            dst[j_hi:] = 0
+                step = np.uint64(stride_w)
+                for j in range(count):
+                    xs_flat[out + j] = x_flat[src + step * j]
 
 
 @njit(parallel=True, cache=True)
