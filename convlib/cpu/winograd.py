@@ -107,9 +107,12 @@ def _output_1d_f4(column):
 @njit(inline="always")
 def _filter_1d_f4(column):
     g0, g1, g2 = column
+    # Products with the reciprocals rather than divisions (vdivpd would dominate the pass); the
+    # filter transform runs in float64, so the difference is far below float32 rounding.
     even = g0 + g2
-    outer = (g0 + 4.0 * g2) / 24.0
-    return (g0 / 4.0, -(even + g1) / 6.0, -(even - g1) / 6.0, outer + g1 / 12.0, outer - g1 / 12.0, g2)
+    outer = (g0 + 4.0 * g2) * (1.0 / 24.0)
+    return (0.25 * g0, -(even + g1) * (1.0 / 6.0), -(even - g1) * (1.0 / 6.0),
+            outer + g1 * (1.0 / 12.0), outer - g1 * (1.0 / 12.0), g2)
 
 
 @njit(inline="always")
@@ -127,18 +130,12 @@ def _output_1d_f2(column):
 @njit(inline="always")
 def _filter_1d_f2(column):
     g0, g1, g2 = column
-    return (g0, (g0 + g1 + g2) / 2.0, (g0 - g1 + g2) / 2.0, g2)
+    return (g0, (g0 + g1 + g2) * 0.5, (g0 - g1 + g2) * 0.5, g2)
 
 
-# -- 1-D passes over many columns at once -------------------------------------------------------
-# A pass applies a 1-D transform to ``n`` columns: column ``t`` is read from
-# ``src[s0 + j*s_j + t*s_t]`` (tap j) and output l is written to ``dst[d0 + l*d_l + t*d_t]``.
-# The 2-D transforms are two passes (along the tile's columns, then its rows) with different
-# strides; callers pass ``s_t`` and ``d_t`` as literals, so each inlined pass is a loop LLVM
-# vectorises along t (stride 1, or an interleaved stride of m). One loop per output: a loop that
-# writes several outputs needs more run-time alias checks than LLVM allows, and stays scalar.
+# -- tap readers: the column of a 1-D transform, taps ``s_j`` apart from ``s`` ------------------
 @njit(inline="always")
-def _taps3(src, s, s_j):
+def _taps3_float64(src, s, s_j):
     return (np.float64(src[s]), np.float64(src[s + s_j]), np.float64(src[s + uintp(2) * s_j]))
 
 
@@ -153,207 +150,236 @@ def _taps6(src, s, s_j):
             src[s + uintp(4) * s_j], src[s + uintp(5) * s_j])
 
 
-@njit(inline="always")
-def _input_pass_f4(src, s0, s_j, s_t, dst, d0, d_l, d_t, n):
-    """``dst[d0 + l*d_l + t*d_t] = (B^T src_t)[l]`` for F(4,3), ``l < 6``, ``t < n``."""
-    s0, s_j, s_t, d0, d_l, d_t = uintp(s0), uintp(s_j), uintp(s_t), uintp(d0), uintp(d_l), uintp(d_t)
-    for t in range(uintp(n)):
-        dst[d0 + t * d_t] = _input_1d_f4(_taps6(src, s0 + t * s_t, s_j))[0]
-    for t in range(uintp(n)):
-        dst[d0 + d_l + t * d_t] = _input_1d_f4(_taps6(src, s0 + t * s_t, s_j))[1]
-    for t in range(uintp(n)):
-        dst[d0 + uintp(2) * d_l + t * d_t] = _input_1d_f4(_taps6(src, s0 + t * s_t, s_j))[2]
-    for t in range(uintp(n)):
-        dst[d0 + uintp(3) * d_l + t * d_t] = _input_1d_f4(_taps6(src, s0 + t * s_t, s_j))[3]
-    for t in range(uintp(n)):
-        dst[d0 + uintp(4) * d_l + t * d_t] = _input_1d_f4(_taps6(src, s0 + t * s_t, s_j))[4]
-    for t in range(uintp(n)):
-        dst[d0 + uintp(5) * d_l + t * d_t] = _input_1d_f4(_taps6(src, s0 + t * s_t, s_j))[5]
+def _store_column(block, t, values):
+    """``block[l, t] = values[l]`` for every element of the tuple ``values`` (jitted code only)."""
+    raise NotImplementedError("jitted code only")
+
+
+@overload(_store_column, inline="always")
+def _store_column_overload(block, t, values):
+    # Spelled out per length: a tuple indexed by a loop variable goes through memory.
+    if len(values) == 2:
+        def impl(block, t, values):
+            block[0, t] = values[0]
+            block[1, t] = values[1]
+    elif len(values) == 4:
+        def impl(block, t, values):
+            block[0, t] = values[0]
+            block[1, t] = values[1]
+            block[2, t] = values[2]
+            block[3, t] = values[3]
+    elif len(values) == 6:
+        def impl(block, t, values):
+            block[0, t] = values[0]
+            block[1, t] = values[1]
+            block[2, t] = values[2]
+            block[3, t] = values[3]
+            block[4, t] = values[4]
+            block[5, t] = values[5]
+    else:
+        return None
+    return impl
+
+
+#: Columns a transform pass computes into its stack block before storing them.
+PASS_BLOCK = 64
 
 
 @njit(inline="always")
-def _input_pass_f2(src, s0, s_j, s_t, dst, d0, d_l, d_t, n):
-    """``dst[d0 + l*d_l + t*d_t] = (B^T src_t)[l]`` for F(2,3), ``l < 4``, ``t < n``."""
-    s0, s_j, s_t, d0, d_l, d_t = uintp(s0), uintp(s_j), uintp(s_t), uintp(d0), uintp(d_l), uintp(d_t)
-    for t in range(uintp(n)):
-        dst[d0 + t * d_t] = _input_1d_f2(_taps4(src, s0 + t * s_t, s_j))[0]
-    for t in range(uintp(n)):
-        dst[d0 + d_l + t * d_t] = _input_1d_f2(_taps4(src, s0 + t * s_t, s_j))[1]
-    for t in range(uintp(n)):
-        dst[d0 + uintp(2) * d_l + t * d_t] = _input_1d_f2(_taps4(src, s0 + t * s_t, s_j))[2]
-    for t in range(uintp(n)):
-        dst[d0 + uintp(3) * d_l + t * d_t] = _input_1d_f2(_taps4(src, s0 + t * s_t, s_j))[3]
+def _transform_pass(one_d, taps, n_out, interleaved, src, s0, s_j, s_t, dst, d0, d_l, d_t, n, bias):
+    """``dst[d0 + l*d_l + t*d_t] = one_d(column t)[l] + bias`` for ``l < n_out``, ``t < n``.
+
+    Column ``t`` is ``taps(src, s0 + t*s_t, s_j)``. The outputs of :data:`PASS_BLOCK` columns go
+    to a stack block first: LLVM knows the block aliases nothing, so the loop computing all
+    ``n_out`` outputs vectorises along ``t`` (a loop storing them straight to ``dst`` needs more
+    run-time alias checks than LLVM allows, and stays scalar). The block is then stored one
+    output at a time (``interleaved=False``: contiguous runs, ``d_t == 1``) or one column at a
+    time (``interleaved=True``: ``d_l == 1``, ``d_t == n_out``, one interleaved store).
+    """
+    block = stack_array_2d(n_out, PASS_BLOCK, dst.dtype)
+    s0, s_j, s_t = uintp(s0), uintp(s_j), uintp(s_t)
+    d0, d_l, d_t = uintp(d0), uintp(d_l), uintp(d_t)
+    for t0 in range(uintp(0), uintp(n), uintp(PASS_BLOCK)):
+        width = min(uintp(PASS_BLOCK), uintp(n) - t0)
+        for t in range(width):
+            _store_column(block, t, one_d(taps(src, s0 + (t0 + t) * s_t, s_j)))
+        if interleaved:
+            for t in range(width):
+                for l in range(n_out):
+                    dst[d0 + uintp(l) * d_l + (t0 + t) * d_t] = block[l, t] + bias
+        else:
+            for l in range(n_out):
+                for t in range(width):
+                    dst[d0 + uintp(l) * d_l + (t0 + t) * d_t] = block[l, t] + bias
 
 
-@njit(inline="always")
-def _output_pass_f4(src, s0, s_j, s_t, dst, d0, d_l, d_t, n, bias):
-    """``dst[d0 + l*d_l + t*d_t] = (A^T src_t)[l] + bias`` for F(4,3), ``l < 4``, ``t < n``."""
-    s0, s_j, s_t, d0, d_l, d_t = uintp(s0), uintp(s_j), uintp(s_t), uintp(d0), uintp(d_l), uintp(d_t)
-    for t in range(uintp(n)):
-        dst[d0 + t * d_t] = _output_1d_f4(_taps6(src, s0 + t * s_t, s_j))[0] + bias
-    for t in range(uintp(n)):
-        dst[d0 + d_l + t * d_t] = _output_1d_f4(_taps6(src, s0 + t * s_t, s_j))[1] + bias
-    for t in range(uintp(n)):
-        dst[d0 + uintp(2) * d_l + t * d_t] = _output_1d_f4(_taps6(src, s0 + t * s_t, s_j))[2] + bias
-    for t in range(uintp(n)):
-        dst[d0 + uintp(3) * d_l + t * d_t] = _output_1d_f4(_taps6(src, s0 + t * s_t, s_j))[3] + bias
+def transform_pass(kind, m, interleaved, src, s0, s_j, s_t, dst, d0, d_l, d_t, n, bias):
+    """One pass of the ``kind`` (``"input"``, ``"output"``, ``"filter"``) transform of F(m,3).
+
+    ``dst[d0 + l*d_l + t*d_t] = (T src_t)[l] + bias`` with ``T`` = ``B^T``, ``A^T`` or ``G``
+    and ``src_t[j] = src[s0 + j*s_j + t*s_t]``, for every output ``l`` and ``t < n``. ``kind``,
+    ``m`` and ``interleaved`` must be compile-time constants; ``"filter"`` computes in float64.
+    Jitted code only.
+    """
+    raise NotImplementedError("jitted code only")
 
 
-@njit(inline="always")
-def _output_pass_f2(src, s0, s_j, s_t, dst, d0, d_l, d_t, n, bias):
-    """``dst[d0 + l*d_l + t*d_t] = (A^T src_t)[l] + bias`` for F(2,3), ``l < 2``, ``t < n``."""
-    s0, s_j, s_t, d0, d_l, d_t = uintp(s0), uintp(s_j), uintp(s_t), uintp(d0), uintp(d_l), uintp(d_t)
-    for t in range(uintp(n)):
-        dst[d0 + t * d_t] = _output_1d_f2(_taps4(src, s0 + t * s_t, s_j))[0] + bias
-    for t in range(uintp(n)):
-        dst[d0 + d_l + t * d_t] = _output_1d_f2(_taps4(src, s0 + t * s_t, s_j))[1] + bias
+_ONE_D = {
+    ("input", 4): (_input_1d_f4, _taps6, 6),
+    ("output", 4): (_output_1d_f4, _taps6, 4),
+    ("filter", 4): (_filter_1d_f4, _taps3_float64, 6),
+    ("input", 2): (_input_1d_f2, _taps4, 4),
+    ("output", 2): (_output_1d_f2, _taps4, 2),
+    ("filter", 2): (_filter_1d_f2, _taps3_float64, 4),
+}
 
 
-@njit(inline="always")
-def _filter_pass_f4(src, s0, s_j, s_t, dst, d0, d_l, d_t, n):
-    """``dst[d0 + l*d_l + t*d_t] = (G src_t)[l]`` for F(4,3) in float64, ``l < 6``, ``t < n``."""
-    s0, s_j, s_t, d0, d_l, d_t = uintp(s0), uintp(s_j), uintp(s_t), uintp(d0), uintp(d_l), uintp(d_t)
-    for t in range(uintp(n)):
-        dst[d0 + t * d_t] = _filter_1d_f4(_taps3(src, s0 + t * s_t, s_j))[0]
-    for t in range(uintp(n)):
-        dst[d0 + d_l + t * d_t] = _filter_1d_f4(_taps3(src, s0 + t * s_t, s_j))[1]
-    for t in range(uintp(n)):
-        dst[d0 + uintp(2) * d_l + t * d_t] = _filter_1d_f4(_taps3(src, s0 + t * s_t, s_j))[2]
-    for t in range(uintp(n)):
-        dst[d0 + uintp(3) * d_l + t * d_t] = _filter_1d_f4(_taps3(src, s0 + t * s_t, s_j))[3]
-    for t in range(uintp(n)):
-        dst[d0 + uintp(4) * d_l + t * d_t] = _filter_1d_f4(_taps3(src, s0 + t * s_t, s_j))[4]
-    for t in range(uintp(n)):
-        dst[d0 + uintp(5) * d_l + t * d_t] = _filter_1d_f4(_taps3(src, s0 + t * s_t, s_j))[5]
+@overload(transform_pass, prefer_literal=True, jit_options={"fastmath": {"contract"}})
+def _transform_pass_overload(kind, m, interleaved, src, s0, s_j, s_t, dst, d0, d_l, d_t, n, bias):
+    if not all(isinstance(a, (types.Literal, types.BooleanLiteral)) for a in (kind, m, interleaved)):
+        return None  # numba retries with the literal types
+    one_d, taps, n_out = _ONE_D[(kind.literal_value, m.literal_value)]
+    is_interleaved = interleaved.literal_value
 
+    def impl(kind, m, interleaved, src, s0, s_j, s_t, dst, d0, d_l, d_t, n, bias):
+        _transform_pass(one_d, taps, n_out, is_interleaved, src, s0, s_j, s_t, dst, d0, d_l, d_t, n, bias)
 
-@njit(inline="always")
-def _filter_pass_f2(src, s0, s_j, s_t, dst, d0, d_l, d_t, n):
-    """``dst[d0 + l*d_l + t*d_t] = (G src_t)[l]`` for F(2,3) in float64, ``l < 4``, ``t < n``."""
-    s0, s_j, s_t, d0, d_l, d_t = uintp(s0), uintp(s_j), uintp(s_t), uintp(d0), uintp(d_l), uintp(d_t)
-    for t in range(uintp(n)):
-        dst[d0 + t * d_t] = _filter_1d_f2(_taps3(src, s0 + t * s_t, s_j))[0]
-    for t in range(uintp(n)):
-        dst[d0 + d_l + t * d_t] = _filter_1d_f2(_taps3(src, s0 + t * s_t, s_j))[1]
-    for t in range(uintp(n)):
-        dst[d0 + uintp(2) * d_l + t * d_t] = _filter_1d_f2(_taps3(src, s0 + t * s_t, s_j))[2]
-    for t in range(uintp(n)):
-        dst[d0 + uintp(3) * d_l + t * d_t] = _filter_1d_f2(_taps3(src, s0 + t * s_t, s_j))[3]
+    return impl
 
 
 # -- filter transform ---------------------------------------------------------------------------
-@njit(parallel=True, cache=True, fastmath={"contract"})
-def filter_transform_f4(w, U):
-    """``U[i*6 + j, g, k, c] = (G w[g*Kg + k, c] G^T)[i, j]`` for F(4x4,3x3), in float64.
+@functools.lru_cache(maxsize=None)
+def filter_transform_kernel(m: int):
+    """The filter transform of F(m x m, 3 x 3) (``m`` is compiled in)."""
+    alpha = m + 2
 
-    w : (K, Cg, 3, 3)            IN
-    U : (36, groups, Kpad, Cg)   OUT rows ``k >= Kg = K / groups`` are zero
-    """
-    groups, Kpad, Cg = U.shape[1], U.shape[2], U.shape[3]
-    Kg = w.shape[0] // groups
-    w_flat, u_flat = w.ravel(), U.ravel()
-    pos_stride = groups * Kpad * Cg
-    for gk in prange(groups * Kpad):
-        g = gk // Kpad
-        k = gk - g * Kpad
-        if k >= Kg:
-            for pos in range(36):
-                U[pos, g, k, :] = 0
-            continue
-        columns = np.empty(6 * 3 * Cg)  # (G f)[i, s] for every c, float64
-        src = (g * Kg + k) * Cg * 9
-        for s in range(3):  # G along each filter column s; taps 3 apart, filters 9 apart
-            _filter_pass_f4(w_flat, src + s, 3, 9, columns, s * Cg, 3 * Cg, 1, Cg)
-        for i in range(6):  # then G along the rows: (G f G^T)[i, j]
-            _filter_pass_f4(columns, i * 3 * Cg, Cg, 1, u_flat, 6 * i * pos_stride + gk * Cg, pos_stride, 1, Cg)
+    @njit(parallel=True, cache=True, fastmath={"contract"})
+    def filter_transform(w, U):
+        """``U[i*alpha + j, g, k, c] = (G w[g*Kg + k, c] G^T)[i, j]``, in float64, rounded once.
 
+        w : (K, Cg, 3, 3)                IN
+        U : (alpha**2, groups, Kpad, Cg)  OUT rows ``k >= Kg = K / groups`` are zero
+        """
+        groups, Kpad, Cg = U.shape[1], U.shape[2], U.shape[3]
+        Kg = w.shape[0] // groups
+        w_flat, u_flat = w.ravel(), U.ravel()
+        pos_stride = groups * Kpad * Cg
+        zero64 = np.float64(0.0)
+        for gk in prange(groups * Kpad):
+            g = gk // Kpad
+            k = gk - g * Kpad
+            if k >= Kg:
+                for pos in range(alpha * alpha):
+                    U[pos, g, k, :] = 0
+                continue
+            columns = np.empty(alpha * 3 * Cg)  # (G f)[i, s] for every c, float64
+            src = (g * Kg + k) * Cg * 9
+            for s in range(3):  # G along each filter column s: taps 3 apart, filters 9 apart
+                transform_pass("filter", m, False, w_flat, src + s, 3, 9, columns, s * Cg, 3 * Cg, 1, Cg, zero64)
+            for i in range(alpha):  # then along the rows: (G f G^T)[i, j]
+                transform_pass("filter", m, False, columns, i * 3 * Cg, Cg, 1,
+                               u_flat, alpha * i * pos_stride + gk * Cg, pos_stride, 1, Cg, zero64)
 
-@njit(parallel=True, cache=True, fastmath={"contract"})
-def filter_transform_f2(w, U):
-    """As :func:`filter_transform_f4` for F(2x2,3x3): ``U`` is (16, groups, Kpad, Cg)."""
-    groups, Kpad, Cg = U.shape[1], U.shape[2], U.shape[3]
-    Kg = w.shape[0] // groups
-    w_flat, u_flat = w.ravel(), U.ravel()
-    pos_stride = groups * Kpad * Cg
-    for gk in prange(groups * Kpad):
-        g = gk // Kpad
-        k = gk - g * Kpad
-        if k >= Kg:
-            for pos in range(16):
-                U[pos, g, k, :] = 0
-            continue
-        columns = np.empty(4 * 3 * Cg)
-        src = (g * Kg + k) * Cg * 9
-        for s in range(3):
-            _filter_pass_f2(w_flat, src + s, 3, 9, columns, s * Cg, 3 * Cg, 1, Cg)
-        for i in range(4):
-            _filter_pass_f2(columns, i * 3 * Cg, Cg, 1, u_flat, 4 * i * pos_stride + gk * Cg, pos_stride, 1, Cg)
+    return filter_transform
 
 
 # -- input transform ----------------------------------------------------------------------------
 @njit(inline="always")
-def _load_padded_rows(x, n, c, h, w_first, u_lo, u_hi, src, width):
-    """``src[j*width + u] = x[n, c, h + j, w_first + u]``, zero outside the image (the padding)."""
-    H = x.shape[2]
-    for j in range(src.size // width):
-        dst = src[j * width:(j + 1) * width]
-        if h + j >= 0 and h + j < H:
-            dst[:u_lo] = 0
-            dst[u_lo:u_hi] = x[n, c, h + j, w_first + u_lo:w_first + u_hi]
-            dst[u_hi:] = 0
-        else:
-            dst[:] = 0
+def _copy_run(src, s0, dst, d0, n):
+    """``dst[d0:d0+n] = src[s0:s0+n]`` as a plain loop (numba's slice assignment checks overlap)."""
+    s0, d0 = uintp(s0), uintp(d0)
+    for u in range(uintp(n)):
+        dst[d0 + u] = src[s0 + u]
 
 
-@njit(parallel=True, cache=True, fastmath={"contract"})
-def input_transform_f4(x, V, tiles_h, row0, nrows, tx0, ntiles, top, left):
-    """Transformed input tiles of one chunk, F(4x4,3x3).
+@njit(inline="always")
+def _fill_run(dst, d0, n):
+    d0 = uintp(d0)
+    for u in range(uintp(n)):
+        dst[d0 + u] = 0
 
-    x : (N, C, H, W)   IN  the image, unpadded (padding is read as zeros)
-    V : (36, C, Tpad)  OUT ``V[i*6 + j, c, r*ntiles + t]`` for tile ``t`` of chunk row ``r``;
-                       columns from ``nrows * ntiles`` on are left as they are
-    The chunk is global tile rows ``row0 .. row0+nrows-1`` (global row ``n * tiles_h + ty``) and
-    tile columns ``tx0 .. tx0+ntiles-1``; ``top``, ``left``: padding before the image.
+
+@njit(inline="always")
+def _copy_padded_row(x_flat, x_row, W, w_first, dst, d0, n):
+    """``dst[d0 + u] = x[row, w_first + u]`` for ``u < n``, zero outside ``0 <= column < W``.
+
+    ``x_row`` is the flat offset of the image row, or -1 for a row of the padding.
     """
-    C, W = x.shape[1], x.shape[3]
-    Tpad = V.shape[2]
-    v_flat = V.ravel()
-    width = 4 * ntiles + 2
-    w_first = 4 * tx0 - left  # image column of row-buffer column 0
-    u_lo = min(max(0, -w_first), width)
-    u_hi = max(min(width, W - w_first), u_lo)
-    for c in prange(C):
-        src = np.empty(6 * width, x.dtype)
-        rows = np.empty(6 * width, x.dtype)
-        for r in range(nrows):
-            n, ty = divmod(row0 + r, tiles_h)
-            _load_padded_rows(x, n, c, 4 * ty - top, w_first, u_lo, u_hi, src, width)
-            _input_pass_f4(src, 0, width, 1, rows, 0, width, 1, width)  # B^T d, along the row
-            for i in range(6):  # (B^T d) B, along the tiles
-                _input_pass_f4(rows, i * width, 1, 4, v_flat, (6 * i * C + c) * Tpad + r * ntiles, C * Tpad, 1,
-                               ntiles)
+    lo = min(max(0, -w_first), n)
+    hi = max(min(n, W - w_first), lo)
+    if x_row < 0:
+        lo = hi = n
+    _fill_run(dst, d0, lo)
+    _copy_run(x_flat, x_row + w_first + lo, dst, d0 + lo, hi - lo)
+    _fill_run(dst, d0 + hi, n - hi)
 
 
-@njit(parallel=True, cache=True, fastmath={"contract"})
-def input_transform_f2(x, V, tiles_h, row0, nrows, tx0, ntiles, top, left):
-    """As :func:`input_transform_f4` for F(2x2,3x3): ``V`` is (16, C, Tpad)."""
-    C, W = x.shape[1], x.shape[3]
-    Tpad = V.shape[2]
-    v_flat = V.ravel()
-    width = 2 * ntiles + 2
-    w_first = 2 * tx0 - left
-    u_lo = min(max(0, -w_first), width)
-    u_hi = max(min(width, W - w_first), u_lo)
-    for c in prange(C):
-        src = np.empty(4 * width, x.dtype)
-        rows = np.empty(4 * width, x.dtype)
-        for r in range(nrows):
-            n, ty = divmod(row0 + r, tiles_h)
-            _load_padded_rows(x, n, c, 2 * ty - top, w_first, u_lo, u_hi, src, width)
-            _input_pass_f2(src, 0, width, 1, rows, 0, width, 1, width)
-            for i in range(4):
-                _input_pass_f2(rows, i * width, 1, 2, v_flat, (4 * i * C + c) * Tpad + r * ntiles, C * Tpad, 1,
-                               ntiles)
+@functools.lru_cache(maxsize=None)
+def input_transform_kernel(m: int):
+    """The input transform of F(m x m, 3 x 3) for one chunk of tiles (``m`` is compiled in)."""
+    alpha = m + 2
+
+    @njit(parallel=True, cache=True, fastmath={"contract"})
+    def input_transform(x, V, tiles_h, row0, nrows, tx0, ntiles, top, left):
+        """``V[i*alpha + j, c, r*ntiles + t] = (B^T d B)[i, j]`` for tile ``t`` of chunk row ``r``.
+
+        x : (N, C, H, W)          IN  the image, unpadded (padding is read as zeros)
+        V : (alpha**2, C, Tpad)   OUT columns from ``nrows * ntiles`` on are left as they are
+        The chunk is global tile rows ``row0 .. row0+nrows-1`` (global row ``n*tiles_h + ty``)
+        and tile columns ``tx0 .. tx0+ntiles-1``; ``top``, ``left``: padding before the image.
+
+        The ``alpha`` input rows of every tile row of the chunk are laid end to end, ``m*ntiles``
+        columns each ("main"), so that tile ``T = r*ntiles + t`` starts at column ``m*T`` of the
+        whole chunk and both passes run along all of its tiles at once, however narrow the image.
+        The last 2 columns of each row ("extra") go to a side buffer; the last tile of each row,
+        whose taps ``m``, ``m+1`` are those columns, is redone from it at the end.
+        """
+        N, C, H, W = x.shape
+        Tpad = V.shape[2]
+        v_flat, x_flat = V.ravel(), x.ravel()
+        row_len = m * ntiles
+        L = nrows * row_len  # main columns of the chunk
+        E = 2 * nrows  # extra columns of the chunk
+        w_first = m * tx0 - left  # image column of a row's first main column
+        zero = _as_type_of(x[0, 0, 0, 0], 0.0)
+        for c in prange(C):
+            # + m: the horizontal pass reads past the last row's main columns (tile redone later).
+            src_main = np.empty(alpha * L + m, x.dtype)
+            src_extra = np.empty(alpha * E, x.dtype)
+            rows_main = np.empty(alpha * L + m, x.dtype)
+            rows_extra = np.empty(alpha * E, x.dtype)
+            last = np.empty(alpha * alpha * nrows, x.dtype)
+            src_main[alpha * L:] = 0
+            rows_main[alpha * L:] = 0
+            for r in range(nrows):
+                n, ty = divmod(row0 + r, tiles_h)
+                for j in range(alpha):
+                    h = m * ty - top + j
+                    x_row = ((n * C + c) * H + h) * W if h >= 0 and h < H else -1
+                    _copy_padded_row(x_flat, x_row, W, w_first, src_main, j * L + r * row_len, row_len)
+                    _copy_padded_row(x_flat, x_row, W, w_first + row_len, src_extra, j * E + 2 * r, 2)
+            # B^T d: along the columns of every tile row at once.
+            transform_pass("input", m, False, src_main, 0, L, 1, rows_main, 0, L, 1, L, zero)
+            transform_pass("input", m, False, src_extra, 0, E, 1, rows_extra, 0, E, 1, E, zero)
+            # (B^T d) B: along the rows, tile T reading main columns m*T .. m*T + alpha - 1.
+            for i in range(alpha):
+                transform_pass("input", m, False, rows_main, i * L, 1, m, v_flat, (alpha * i * C + c) * Tpad,
+                               C * Tpad, 1, nrows * ntiles, zero)
+            # The last tile of each row, whose taps m and m+1 are the row's extra columns: the
+            # columns of all rows' last tiles side by side (last[i, j, r]), then one pass per i
+            # storing tile r*ntiles + ntiles - 1 of each row.
+            for r in range(nrows):
+                T = r * ntiles + ntiles - 1
+                for i in range(alpha):
+                    for j in range(m):
+                        last[(i * alpha + j) * nrows + r] = rows_main[i * L + m * T + j]
+                    last[(i * alpha + m) * nrows + r] = rows_extra[i * E + 2 * r]
+                    last[(i * alpha + m + 1) * nrows + r] = rows_extra[i * E + 2 * r + 1]
+            for i in range(alpha):
+                transform_pass("input", m, False, last, i * alpha * nrows, nrows, 1, v_flat,
+                               (alpha * i * C + c) * Tpad + ntiles - 1, C * Tpad, ntiles, nrows, zero)
+
+    return input_transform
 
 
 # -- batched GEMM -------------------------------------------------------------------------------
@@ -451,74 +477,42 @@ def batched_gemm_kernel(MR: int, NR: int):
 
 
 # -- output transform ---------------------------------------------------------------------------
-@njit(inline="always")
-def _store_partial_rows(y, n, k, p0, q0, out, width):
-    """``y[n, k, p0 + a, q0:q0 + width] = out[a*width:(a+1)*width]`` for the rows ``< P``."""
-    for a in range(min(out.size // width, y.shape[2] - p0)):
-        y[n, k, p0 + a, q0:q0 + width] = out[a * width:(a + 1) * width]
+@functools.lru_cache(maxsize=None)
+def output_transform_kernel(m: int):
+    """The output transform of F(m x m, 3 x 3) for one chunk of tiles (``m`` is compiled in)."""
+    alpha = m + 2
 
+    @njit(parallel=True, cache=True, fastmath={"contract"})
+    def output_transform(M, y, bias, tiles_h, row0, nrows, tx0, ntiles):
+        """``y[n, k, m*ty + a, m*tx + b] = (A^T M_tile A)[a, b] + bias[k]`` for the chunk's tiles.
 
-@njit(parallel=True, cache=True, fastmath={"contract"})
-def output_transform_f4(M, y, bias, tiles_h, row0, nrows, tx0, ntiles):
-    """Outputs of one chunk, F(4x4,3x3): ``y[n, k, tile] = A^T m A + bias[k]``.
+        M : (alpha**2, K, Tpad)  IN  GEMM results, laid out like ``V`` of the input transform
+        y : (N, K, P, Q)         OUT only the (existing) outputs of this chunk's tiles
+        bias : (K,)              IN  (zeros when the call has no bias)
+        """
+        K, P, Q = y.shape[1], y.shape[2], y.shape[3]
+        Tpad = M.shape[2]
+        m_flat, y_flat = M.ravel(), y.ravel()
+        row_len = m * ntiles
+        L = nrows * row_len
+        q0 = m * tx0
+        width = min(Q, q0 + row_len) - q0  # output columns of a chunk row (its last tile may be cut)
+        for k in prange(K):
+            zero = _as_type_of(bias[k], 0.0)
+            rows = np.empty(alpha * L, y.dtype)
+            out = np.empty(m * L, y.dtype)
+            # M A: along the tiles of the whole chunk, each tile's m outputs side by side.
+            for i in range(alpha):
+                transform_pass("output", m, True, m_flat, (alpha * i * K + k) * Tpad, K * Tpad, 1,
+                               rows, i * L, 1, m, nrows * ntiles, zero)
+            # A^T (M A) + bias: along every output column of the chunk.
+            transform_pass("output", m, False, rows, 0, L, 1, out, 0, L, 1, L, bias[k])
+            for r in range(nrows):
+                n, ty = divmod(row0 + r, tiles_h)
+                for a in range(min(m, P - m * ty)):  # the bottom tile row may be cut
+                    _copy_run(out, a * L + r * row_len, y_flat, ((n * K + k) * P + m * ty + a) * Q + q0, width)
 
-    M : (36, K, Tpad)  IN  GEMM results, laid out like ``V`` of :func:`input_transform_f4`
-    y : (N, K, P, Q)   OUT only the outputs of this chunk's tiles are written
-    bias : (K,)        IN  (zeros when the call has no bias)
-    """
-    K, P, Q = y.shape[1], y.shape[2], y.shape[3]
-    Tpad = M.shape[2]
-    m_flat, y_flat = M.ravel(), y.ravel()
-    q0 = 4 * tx0
-    width = min(Q, q0 + 4 * ntiles) - q0  # output columns of the chunk (the last tile may be partial)
-    for k in prange(K):
-        rows = np.empty(6 * 4 * ntiles, y.dtype)
-        out = np.empty(4 * width, y.dtype)
-        zero = _as_type_of(bias[k], 0.0)
-        for r in range(nrows):
-            n, ty = divmod(row0 + r, tiles_h)
-            for i in range(6):  # m A, along the tiles (interleaved stores)
-                _output_pass_f4(m_flat, (6 * i * K + k) * Tpad + r * ntiles, K * Tpad, 1,
-                                rows, i * 4 * ntiles, 1, 4, ntiles, zero)
-            p0 = 4 * ty
-            if p0 + 4 <= P:  # A^T (m A) + bias, along the output rows, straight into y
-                _output_pass_f4(rows, 0, 4 * ntiles, 1, y_flat, ((n * K + k) * P + p0) * Q + q0, Q, 1, width,
-                                bias[k])
-            else:  # the bottom tile row is cut by the edge
-                _output_pass_f4(rows, 0, 4 * ntiles, 1, out, 0, width, 1, width, bias[k])
-                _store_partial_rows(y, n, k, p0, q0, out, width)
-
-
-@njit(parallel=True, cache=True, fastmath={"contract"})
-def output_transform_f2(M, y, bias, tiles_h, row0, nrows, tx0, ntiles):
-    """As :func:`output_transform_f4` for F(2x2,3x3): ``M`` is (16, K, Tpad)."""
-    K, P, Q = y.shape[1], y.shape[2], y.shape[3]
-    Tpad = M.shape[2]
-    m_flat, y_flat = M.ravel(), y.ravel()
-    q0 = 2 * tx0
-    width = min(Q, q0 + 2 * ntiles) - q0
-    for k in prange(K):
-        rows = np.empty(4 * 2 * ntiles, y.dtype)
-        out = np.empty(2 * width, y.dtype)
-        zero = _as_type_of(bias[k], 0.0)
-        for r in range(nrows):
-            n, ty = divmod(row0 + r, tiles_h)
-            for i in range(4):
-                _output_pass_f2(m_flat, (4 * i * K + k) * Tpad + r * ntiles, K * Tpad, 1,
-                                rows, i * 2 * ntiles, 1, 2, ntiles, zero)
-            p0 = 2 * ty
-            if p0 + 2 <= P:
-                _output_pass_f2(rows, 0, 2 * ntiles, 1, y_flat, ((n * K + k) * P + p0) * Q + q0, Q, 1, width,
-                                bias[k])
-            else:
-                _output_pass_f2(rows, 0, 2 * ntiles, 1, out, 0, width, 1, width, bias[k])
-                _store_partial_rows(y, n, k, p0, q0, out, width)
-
-
-_TRANSFORMS = {
-    2: (filter_transform_f2, input_transform_f2, output_transform_f2),
-    4: (filter_transform_f4, input_transform_f4, output_transform_f4),
-}
+    return output_transform
 
 
 # -- the algorithm objects ----------------------------------------------------------------------
@@ -565,7 +559,6 @@ class WinogradAlgorithm:
         self.m = m
         self.alpha = m + 2
         self.title = f"Winograd F({m}x{m},3x3)"
-        self._transforms = _TRANSFORMS[m]
 
     def __repr__(self) -> str:
         return f"<convlib.cpu.winograd {self.title}>"
@@ -613,7 +606,9 @@ class WinogradAlgorithm:
 
     def conv2d(self, problem, x, w, bias, device=None):
         """The convolution of ``x`` with ``w`` (see :mod:`convlib.registry` for the contract)."""
-        filter_transform, input_transform, output_transform = self._transforms
+        filter_transform = filter_transform_kernel(self.m)
+        input_transform = input_transform_kernel(self.m)
+        output_transform = output_transform_kernel(self.m)
         dtype = np.dtype(problem.dtype)
         y = np.empty(problem.y_shape, dtype)
         if y.size == 0:
