@@ -21,6 +21,8 @@ Results follow the input ``x``: numpy in -> numpy out (copied to the device and 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..backends import Backend
@@ -60,7 +62,7 @@ class SyclBackend(Backend):
                 if not mods.dpctl.get_devices():
                     self._reason = (
                         "no SYCL device found (OCL_ICD_FILENAMES="
-                        f"{runtime.os.environ.get('OCL_ICD_FILENAMES', '')!r}); `python -m convlib.sycl.runtime` "
+                        f"{os.environ.get('OCL_ICD_FILENAMES', '')!r}); `python -m convlib.sycl.runtime` "
                         "reports what the runtime sees"
                     )
             except runtime.SyclRuntimeError as exc:
@@ -175,7 +177,3 @@ class SyclBackend(Backend):
 
 BACKEND = SyclBackend()
 
-
-def device_of(queue):
-    """The ``dpctl.SyclDevice`` of a queue handle (what kernels size their work-groups by)."""
-    return queue.sycl_device
