@@ -23,40 +23,55 @@ straight from the NCHW image. The five loops (names and sizes from :mod:`convlib
 Packed layouts (both zero-padded to whole register tiles):
 
 * ``Bc``: ``NC/NR`` panels one after another, each ``kc x NR`` row-major: element
-  ``(p, jr + j)`` at ``(jr/NR)*kc*NR + p*NR + j``. The micro-kernel reads one NR-row per
-  reduction step with NR/16 contiguous vector loads. Packing walks, per tap, the runs of
-  consecutive output columns ``q`` of one output row that fall in one panel; the columns that read
-  inside the image form one clipped range, copied by a plain (vectorised, for stride 1) loop, the
-  rest are zero-filled: no per-element padding test.
-* ``Ac``: ``MC/MR`` panels, each ``kc x MR``: element ``(ir + i, p)`` at ``(ir/MR)*MR*kc + p*MR + i``;
-  the micro-kernel broadcasts ``MR`` consecutive values per step.
+  ``(p, jr + j)`` at ``(jr/NR)*kc*NR + p*NR + j``; the micro-kernel reads one NR-row per
+  reduction step with NR/lanes vector loads. :func:`pack_b_from_image` first tabulates the kc
+  taps (channel plane, row and column offsets, and the output rows and columns that read inside
+  the image), then fills the panels one by one: it cuts the panel's pixels into runs (pixels of
+  one output row; or, when the input address is linear in the pixel index -- stride 1 and
+  ``W == Q``, the 'same' layers -- all the panel's pixels of one image), and for every tap copies
+  each run's clipped in-image range with whole 32-byte vector moves and zero-fills the rest: no
+  per-element padding test, no division in the inner loops. The vector moves may write up to one
+  vector past a run; the panels are written in an order where that spill is always overwritten
+  later, and ``Bc`` has one vector of slack.
+* ``Ac``: ``MC/MR`` panels, each ``kc x MR``: element ``(ir + i, p)`` at
+  ``(ir/MR)*MR*kc + p*MR + i``; the micro-kernel broadcasts ``MR`` consecutive values per step.
+  :func:`pack_a_from_filters` is generated with its MR rows unrolled (7x faster than a loop).
 
-The micro-kernel keeps its ``MR x NR`` accumulators in a stack buffer
-(:func:`~convlib.cpu.stack_buffer.stack_array_2d`) that LLVM turns into zmm registers (6x64
-float32: 24 accumulators, 4 vector loads of B, 6 broadcasts of A, 24 ``vfmadd231ps`` per step).
-Its ``MR`` rows are unrolled in the source, generated from :data:`_MICRO_KERNEL_TEMPLATE`; it is
-stored straight into ``y`` (whose rows are NR contiguous pixels of one image, adding the bias on
-the first ``pc`` block, accumulating on the others). A tile that is not whole (last rows or
-columns of the thread's range) or whose columns straddle two images goes through a per-thread
-``MR x NR`` edge tile that :func:`store_edge_tile` copies out in runs of one image.
+The micro-kernel (generated per ``(MR, NR, lanes)`` from :data:`_MICRO_KERNEL_TEMPLATE`, rows and
+vectors unrolled in the source) is written with explicit vector intrinsics (:func:`vector_fma`,
+...) on a stack buffer (:func:`~convlib.cpu.stack_buffer.stack_array_1d`) that LLVM keeps in
+registers. Explicit vectors fix the register tile: on Intel AVX-512 parts LLVM's loop vectoriser
+prefers 256-bit vectors, which doubled the accumulators of a 6x64 tile and spilled them (~110
+GF/s instead of ~300 on the GPU machine). Per reduction step: NR/lanes vector loads of B, MR
+broadcasts of A, MR*NR/lanes FMAs (6x64 float32 on AVX-512: 24 zmm accumulators; 3x32 on
+AVX2: 12 ymm, the one AVX2 shape whose loop LLVM schedules without spilling). The tile is stored
+straight into ``y`` (its rows are NR contiguous pixels of one image), adding the bias on the
+first ``pc`` block and accumulating on the others. A tile that is not whole (last rows or columns
+of the thread's range) or whose columns straddle two images goes through a per-thread ``MR x NR``
+edge tile that :func:`store_edge_tile` copies out in runs of one image.
 
 Threads: one ``prange`` iteration per thread, each owning a rectangle of the ``M x Ngemm`` output
-(of every group) and its own ``Ac``, ``Bc`` and edge tile, so the threads never wait for each
-other: one parallel region per call, no barrier inside the loops (a ``prange`` per ``pc`` block
-would cost a fork/join hundreds of times per layer). :func:`thread_split` picks the rectangle
-grid (``m_parts x n_parts``) that minimises the busiest thread's micro-tiles plus packing: columns
-for large images (each thread packs only its own pixels; A is small and re-packed), rows when the
-image is small (e.g. 7x7x512, where splitting 392 pixels would leave half-empty tiles). Workspace:
-``threads * (MC*KC + KC*NC + MR*NR)`` elements (clipped to the problem), whatever N, H, W are;
-:meth:`~convlib.cpu.blocking.BlisBlocking.workspace_bytes` reports exactly what is allocated.
+(of every group) and its own ``Ac``, ``Bc``, edge tile and packing tables, so the threads never
+wait for each other: one parallel region per call, no barrier inside the loops (a ``prange`` per
+``pc`` block would cost a fork/join hundreds of times per layer; with a shared ``Bc`` every
+block would also need a barrier). :func:`thread_split` picks the rectangle grid (``m_parts x
+n_parts``) that minimises the busiest thread's micro-tile FLOPs plus packing: columns for large
+images (each thread packs only its own pixels; A is small and re-packed), rows when the image is
+small (e.g. 7x7x512, where splitting 392 pixels would leave half-empty tiles; each thread then
+packs all of B, which is small). Workspace: ``threads * (MC*KC + KC*NC + MR*NR)`` elements
+(clipped to the problem) plus small int64 tables, whatever N, H, W are;
+:meth:`~convlib.cpu.blocking.BlisBlocking.workspace_bytes` reports exactly what
+:func:`allocate_workspace` allocates.
 
 Compile cost: the driver is specialised (``lru_cache``) on the block sizes of
 :mod:`convlib.cpu.blocking` and, through the array types, on the dtype; shapes, strides, padding,
 dilation and groups are run-time values, so a new problem shape costs nothing. Everything is
-compiled with ``cache=True``: the micro-kernel is ``exec``-generated inside an ``@overload``, and
-is compiled into (and cached with) the driver that calls it, so a new process loads it from the
-disk cache (~1 s) instead of compiling (~10-20 s per dtype). Editing the template does not
-invalidate that cache (numba checks only the caller's bytecode): clear ``__pycache__`` after.
+compiled with ``cache=True``. The micro-kernel and the A packer are ``exec``-generated inside
+``@overload``\ s (no source file), so they have no cache of their own: they are compiled into,
+and cached with, the driver that calls them; a new process loads the driver from the disk cache
+(~1 s) instead of compiling it (~20-40 s per dtype on the 2-core machine). Editing a template
+does not invalidate that cache (numba checks only the caller's bytecode): clear ``__pycache__``
+after.
 """
 
 from __future__ import annotations

@@ -87,8 +87,8 @@ def _round_up(n: int, m: int) -> int:
 #: AVX-512 (32 registers), 6 rows x 2 ymm for AVX2 (16 registers, as BLIS's Haswell kernels).
 #: float64 halves NR (same bytes per vector register row).
 BLIS_BLOCKING = {
-    ("avx512", "float32"): BlisBlocking(MC=96, KC=384, NC=512, MR=6, NR=64),
-    ("avx512", "float64"): BlisBlocking(MC=96, KC=256, NC=512, MR=6, NR=32),
+    ("avx512", "float32"): BlisBlocking(MC=96, KC=384, NC=1024, MR=6, NR=64),
+    ("avx512", "float64"): BlisBlocking(MC=96, KC=256, NC=1024, MR=6, NR=32),
     ("avx2", "float32"): BlisBlocking(MC=96, KC=384, NC=1024, MR=3, NR=32),
     ("avx2", "float64"): BlisBlocking(MC=96, KC=256, NC=512, MR=3, NR=16),
 }
