@@ -67,11 +67,11 @@ Compile cost: the driver is specialised (``lru_cache``) on the block sizes of
 :mod:`convlib.cpu.blocking` and, through the array types, on the dtype; shapes, strides, padding,
 dilation and groups are run-time values, so a new problem shape costs nothing. Everything is
 compiled with ``cache=True``. The micro-kernel and the A packer are ``exec``-generated inside
-``@overload``\ s (no source file), so they have no cache of their own: they are compiled into,
-and cached with, the driver that calls them; a new process loads the driver from the disk cache
-(~1 s) instead of compiling it (~20-40 s per dtype on the 2-core machine). Editing a template
-does not invalidate that cache (numba checks only the caller's bytecode): clear ``__pycache__``
-after.
+``@overload`` implementations (no source file), so they have no cache of their own: they are
+compiled into, and cached with, the driver that calls them; a new process loads the driver from
+the disk cache (~1 s) instead of compiling it (~20-40 s per dtype on the 2-core machine). Editing
+a template does not invalidate that cache (numba checks only the caller's bytecode): clear
+``__pycache__`` after.
 """
 
 from __future__ import annotations
@@ -597,35 +597,49 @@ def pack_tap_linear(x, W, Q, tap, runs, n_runs, Bc, dst):
         dst += run
 
 
-@njit(cache=True)
-def store_edge_tile(
-    tile, NR,  # IN  (MR*NR,) the micro-kernel's result, rows of NR
-    geo, row0, mr, col0, nr, mode,
-    bias,  # IN  (K,) (read when mode == STORE_WITH_BIAS)
-    y,  # OUT (N * K * P * Q,) flat NCHW
-):
-    """Write rows ``< mr`` and columns ``< nr`` of ``tile`` to output channels ``row0 + i`` and
-    pixels ``col0 + j`` of ``y``, in runs that stay in one image."""
-    PQ = geo.out_h * geo.out_w
-    K = geo.out_channels
-    n = col0 // PQ
-    pq = col0 - n * PQ
-    done = 0
-    while done < nr:
-        run = min(nr - done, PQ - pq)
-        for i in range(mr):
-            dst = (n * K + row0 + i) * PQ + pq
-            src = i * NR + done
-            if mode == ACCUMULATE:
-                for t in range(run):
-                    y[dst + t] += tile[src + t]
-            else:
-                b = bias[row0 + i] if mode == STORE_WITH_BIAS else 0
-                for t in range(run):
-                    y[dst + t] = tile[src + t] + b
-        done += run
-        pq = 0
-        n += 1
+def store_edge_tile(tile, NR, geo, row0, mr, col0, nr, mode, bias, y):
+    """Write rows ``< mr`` and columns ``< nr`` of ``tile`` (the micro-kernel's ``MR x NR`` result,
+    rows of ``NR``) to output channels ``row0 + i`` and pixels ``col0 + j`` of ``y`` (flat NCHW),
+    in runs that stay in one image; ``mode`` as for :func:`micro_kernel`. Whole vectors, then a
+    scalar tail (never past a run: the neighbouring pixels may belong to another thread).
+    ``NR`` a compile-time constant. Callable from jitted code only."""
+    raise NotImplementedError("store_edge_tile is called from numba-compiled code only")
+
+
+@overload(store_edge_tile, prefer_literal=True)
+def _store_edge_tile_overload(tile, NR, geo, row0, mr, col0, nr, mode, bias, y):
+    if not isinstance(NR, types.IntegerLiteral):
+        return None
+    L = micro_kernel_lanes(1, NR.literal_value, y.dtype.bitwidth // 8)
+
+    def store_edge_tile_impl(tile, NR, geo, row0, mr, col0, nr, mode, bias, y):
+        PQ = geo.out_h * geo.out_w
+        K = geo.out_channels
+        n = col0 // PQ
+        pq = col0 - n * PQ
+        done = 0
+        while done < nr:
+            run = min(nr - done, PQ - pq)
+            whole = run - run % L
+            for i in range(mr):
+                dst = (n * K + row0 + i) * PQ + pq
+                src = i * NR + done
+                if mode == ACCUMULATE:
+                    for v in range(0, whole, L):
+                        vector_add_into(y, dst + v, tile, src + v, L)
+                    for t in range(whole, run):
+                        y[np.uintp(dst + t)] += tile[np.uintp(src + t)]
+                else:
+                    b = bias[row0 + i] if mode == STORE_WITH_BIAS else 0.0
+                    for v in range(0, whole, L):
+                        vector_store_plus(y, dst + v, tile, src + v, b, L)
+                    for t in range(whole, run):
+                        y[np.uintp(dst + t)] = tile[np.uintp(src + t)] + b
+            done += run
+            pq = 0
+            n += 1
+
+    return store_edge_tile_impl
 
 
 # ------------------------------------------------------------------------------------------
