@@ -150,9 +150,15 @@ class SyclBackend(Backend):
     def prepare(self, arr, dtype, handle):
         dpt = self._mods().dpt
         if isinstance(arr, np.ndarray) or not _is_sycl_array(arr):
-            host = np.ascontiguousarray(arr, dtype=dtype)
-            out = common.device_empty(host.shape, dtype, handle)
-            out[...] = host
+            host = np.asarray(arr)
+            # On a CPU device shared USM is host RAM: numpy copies (and converts) straight into
+            # it, which was steadier than dpctl's host-to-device copy under load.
+            out = common.device_empty(host.shape, dtype, handle, result=True)
+            view = common.host_view(out)
+            if view is not None:
+                np.copyto(view, host, casting="unsafe")
+            else:
+                out[...] = np.ascontiguousarray(host, dtype=dtype)
             return out
         usm = arr.get_array() if hasattr(arr, "get_array") else arr
         if usm.flags.c_contiguous and usm.dtype == np.dtype(dtype):

@@ -54,9 +54,9 @@ class SyclBlocking:
 #: per work-item fit, float64 takes 4). Bc = KC x NC is 16 MiB. "gpu": untested starting values for
 #: an Intel GPU (larger work-groups, no copy-loop per item needed but harmless).
 BLOCKING = {
-    ("cpu", "float32"): SyclBlocking(direct_kb=8, direct_wg=64, im2col_wg=8, gemm_mb=8, gemm_wg=64,
+    ("cpu", "float32"): SyclBlocking(direct_kb=8, direct_wg=512, im2col_wg=8, gemm_mb=8, gemm_wg=64,
                                      blis_kc=512, blis_nc=8192, blis_mc=1, pack_wg=8),
-    ("cpu", "float64"): SyclBlocking(direct_kb=8, direct_wg=64, im2col_wg=8, gemm_mb=4, gemm_wg=64,
+    ("cpu", "float64"): SyclBlocking(direct_kb=8, direct_wg=512, im2col_wg=8, gemm_mb=4, gemm_wg=64,
                                      blis_kc=512, blis_nc=4096, blis_mc=1, pack_wg=8),
     ("gpu", "float32"): SyclBlocking(direct_kb=8, direct_wg=256, im2col_wg=32, gemm_mb=8, gemm_wg=128,
                                      blis_kc=256, blis_nc=8192, blis_mc=1, pack_wg=32),
@@ -76,7 +76,7 @@ def blocking_for(device, dtype: str) -> SyclBlocking:
 
 
 class override:
-    """Context manager replacing table fields for a while, e.g. ``with override(direct_wg=(1, 1))``."""
+    """Context manager replacing table fields for a while, e.g. ``with override(direct_wg=1)``."""
 
     def __init__(self, **fields):
         unknown = set(fields) - set(SyclBlocking.__dataclass_fields__)

@@ -134,9 +134,10 @@ def advise_huge_pages(arr) -> None:
 def device_empty(shape, dtype: str, queue, *, result: bool = False):
     """An uninitialised ``usm_ndarray`` on ``queue`` (large ones advised to use huge pages).
 
-    ``result=True`` marks an algorithm's output: on a CPU device it is allocated as USM
-    *shared* memory (the same host RAM as device memory there, so kernels run as fast), which
-    lets the backend hand it to a numpy caller without a copy (see ``SyclBackend.finish``).
+    ``result=True`` marks memory numpy must see (an algorithm's output, an input copied from
+    numpy): on a CPU device it is allocated as USM *shared* memory (the same host RAM as device
+    memory there, so kernels run as fast), which numpy can read and write in place (see
+    ``SyclBackend.prepare`` and ``finish``).
     """
     usm_type = "shared" if result and queue.sycl_device.is_cpu else "device"
     arr = runtime.load().dpt.empty(shape, dtype=dtype, sycl_queue=queue, usm_type=usm_type)
