@@ -132,7 +132,8 @@ def _vector_at(context, builder, array_type, array, index, lanes):
 def _splat(builder, vec, value):
     lanes = vec.count
     one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), lanes), None))
+    zeros = ir.Constant(ir.VectorType(ir.IntType(32), lanes), None)
+    return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), zeros)
 
 
 def _literal_lanes(lanes):
@@ -188,7 +189,8 @@ def vector_add_into(typingctx, dst, dst_index, src, src_index, lanes):
     def codegen(context, builder, signature, args):
         d, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], L)
         s_, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], L)
-        builder.store(builder.fadd(builder.load(d, align=align), builder.load(s_, align=align)), d, align=align)
+        total = builder.fadd(builder.load(d, align=align), builder.load(s_, align=align))
+        builder.store(total, d, align=align)
         return context.get_dummy_value()
 
     return types.void(dst, dst_index, src, src_index, lanes), codegen
@@ -205,7 +207,8 @@ def vector_store_plus(typingctx, dst, dst_index, src, src_index, scalar, lanes):
         d, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], L)
         s_, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], L)
         value = context.cast(builder, args[4], signature.args[4], signature.args[0].dtype)
-        builder.store(builder.fadd(builder.load(s_, align=align), _splat(builder, vec, value)), d, align=align)
+        total = builder.fadd(builder.load(s_, align=align), _splat(builder, vec, value))
+        builder.store(total, d, align=align)
         return context.get_dummy_value()
 
     return types.void(dst, dst_index, src, src_index, scalar, lanes), codegen
@@ -224,16 +227,16 @@ def micro_kernel_{{MR}}x{{NR}}(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias
     # width LLVM's loop vectoriser prefers (256 bits on Intel AVX-512 parts, which would double
     # the accumulators and spill them), and no index goes through numba's wraparound test.
     acc = stack_array_1d({{MR}} * {{NR}}, c.dtype)
-    vector_zero(acc, {{i}} * {{NR}} + {{v}} * {{L}}, {{L}})                                          {_PER_ROW_VECTOR}
+    vector_zero(acc, {{o}}, {{L}})  {_PER_ROW_VECTOR}
     for p in range(kc):
         ap = a_off + p * {{MR}}
         bp = b_off + p * {{NR}}
-        vector_fma(acc, {{i}} * {{NR}} + {{v}} * {{L}}, a, ap + {{i}}, b, bp + {{v}} * {{L}}, {{L}})          {_PER_VECTOR_ROW}
+        vector_fma(acc, {{o}}, a, ap + {{i}}, b, bp + {{j}}, {{L}})  {_PER_VECTOR_ROW}
     if mode == ACCUMULATE:
-        vector_add_into(c, c_off + {{i}} * ldc + {{v}} * {{L}}, acc, {{i}} * {{NR}} + {{v}} * {{L}}, {{L}})  {_PER_ROW_VECTOR}
+        vector_add_into(c, c_off + {{i}} * ldc + {{j}}, acc, {{o}}, {{L}})  {_PER_ROW_VECTOR}
     else:
-        bias{{i}} = bias[bias_off + {{i}}] if mode == STORE_WITH_BIAS else 0.0                   {_PER_ROW}
-        vector_store_plus(c, c_off + {{i}} * ldc + {{v}} * {{L}}, acc, {{i}} * {{NR}} + {{v}} * {{L}}, bias{{i}}, {{L}})  {_PER_ROW_VECTOR}
+        bias{{i}} = bias[bias_off + {{i}}] if mode == STORE_WITH_BIAS else 0.0  {_PER_ROW}
+        vector_store_plus(c, c_off + {{i}} * ldc + {{j}}, acc, {{o}}, bias{{i}}, {{L}})  {_PER_ROW_VECTOR}
 '''
 
 #: How the micro-kernel writes its tile: the first ``pc`` block stores (adding the bias when there
@@ -242,14 +245,20 @@ STORE, STORE_WITH_BIAS, ACCUMULATE = 0, 1, 2
 
 
 def render(template: str, MR: int, NR: int = 0, L: int = 1) -> str:
-    """Source from ``template``: lines marked ``#: per row`` repeated for ``i`` in ``range(MR)``,
-    ``#: per vector, row`` for each ``(v, i)`` and ``#: per row, vector`` for each ``(i, v)``
-    (``v`` in ``range(NR // L)``, the vectors of a row), ``{MR}``, ``{NR}``, ``{L}`` replaced."""
+    """Source from ``template``: lines marked ``#: per row`` repeated for each row ``i`` in
+    ``range(MR)``, ``#: per vector, row`` for each vector ``v`` in ``range(NR // L)`` and row,
+    ``#: per row, vector`` likewise rows outer. ``{MR}``, ``{NR}``, ``{L}`` are replaced, and in
+    the repeated lines ``{i}``, ``{j} = v*L`` (the vector's first column) and ``{o} = i*NR + v*L``
+    (its offset in the MR x NR tile)."""
     sizes = dict(MR=MR, NR=NR, L=L)
+
+    def at(i, v):
+        return dict(i=i, j=v * L, o=i * NR + v * L)
+
     repeats = {
         _PER_ROW: [dict(i=i) for i in range(MR)],
-        _PER_VECTOR_ROW: [dict(i=i, v=v) for v in range(NR // L) for i in range(MR)],
-        _PER_ROW_VECTOR: [dict(i=i, v=v) for i in range(MR) for v in range(NR // L)],
+        _PER_VECTOR_ROW: [at(i, v) for v in range(NR // L) for i in range(MR)],
+        _PER_ROW_VECTOR: [at(i, v) for i in range(MR) for v in range(NR // L)],
     }
     lines = []
     for line in template.splitlines():
@@ -327,7 +336,7 @@ def pack_a_{{MR}}(w, row0, mc, pc, kc, gemm_k, Ac, MR):
         if ip * {{MR}} + {{MR}} <= mc:
             for p in range(uintp(kc)):
                 dst = panel + p * uintp({{MR}})
-                Ac[dst + uintp({{i}})] = w[src + uintp({{i}}) * k + p]         {_PER_ROW}
+                Ac[dst + uintp({{i}})] = w[src + uintp({{i}}) * k + p]  {_PER_ROW}
         else:  # the last, partial panel: rows past mc are zero
             for i in range({{MR}}):
                 for p in range(kc):
@@ -364,15 +373,8 @@ def _pack_a_overload(w, row0, mc, pc, kc, gemm_k, Ac, MR):
 VECTOR_BYTES = VECTOR_SLACK_BYTES
 
 
-def _vector_type(context, array_type):
-    elem = context.get_value_type(array_type.dtype)
-    lanes = VECTOR_BYTES // context.get_abi_sizeof(elem)
-    return elem, ir.VectorType(elem, lanes)
-
-
-def _element_pointer(context, builder, array_type, array, index):
-    data = context.make_array(array_type)(context, builder, array).data
-    return builder.gep(data, [index])
+def _packing_lanes(context, array_type):
+    return VECTOR_BYTES // context.get_abi_sizeof(context.get_value_type(array_type.dtype))
 
 
 @intrinsic
@@ -383,10 +385,9 @@ def copy_vector(typingctx, dst, dst_index, src, src_index):
         return None
 
     def codegen(context, builder, signature, args):
-        elem, vec = _vector_type(context, signature.args[0])
-        align = context.get_abi_sizeof(elem)
-        d = builder.bitcast(_element_pointer(context, builder, signature.args[0], args[0], args[1]), vec.as_pointer())
-        s_ = builder.bitcast(_element_pointer(context, builder, signature.args[2], args[2], args[3]), vec.as_pointer())
+        lanes = _packing_lanes(context, signature.args[0])
+        d, _, align = _vector_at(context, builder, signature.args[0], args[0], args[1], lanes)
+        s_, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], lanes)
         builder.store(builder.load(s_, align=align), d, align=align)
         return context.get_dummy_value()
 
@@ -400,9 +401,9 @@ def zero_vector(typingctx, dst, dst_index):
         return None
 
     def codegen(context, builder, signature, args):
-        elem, vec = _vector_type(context, signature.args[0])
-        d = builder.bitcast(_element_pointer(context, builder, signature.args[0], args[0], args[1]), vec.as_pointer())
-        builder.store(ir.Constant(vec, None), d, align=context.get_abi_sizeof(elem))
+        lanes = _packing_lanes(context, signature.args[0])
+        d, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], lanes)
+        builder.store(ir.Constant(vec, None), d, align=align)
         return context.get_dummy_value()
 
     return types.void(dst, dst_index), codegen
@@ -698,8 +699,9 @@ def blis_kernel(MC: int, KC: int, NC: int, MR: int, NR: int):
                                     mr = min(MR, mc - ir)
                                     row = g * M + ic + ir
                                     if whole_columns and mr == MR:
-                                        micro_kernel(kc, Ac, ir * kc, Bc, jr * kc, y, (n * K + row) * PQ + pq,
-                                                     PQ, mode, bias, row, MR, NR)
+                                        y_off = (n * K + row) * PQ + pq
+                                        micro_kernel(kc, Ac, ir * kc, Bc, jr * kc, y, y_off, PQ, mode,
+                                                     bias, row, MR, NR)
                                     else:
                                         micro_kernel(kc, Ac, ir * kc, Bc, jr * kc, tile, 0, NR, STORE,
                                                      bias, 0, MR, NR)

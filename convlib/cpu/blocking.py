@@ -60,8 +60,9 @@ class BlisBlocking:
 
         Every thread owns an ``Ac`` (mc x kc), a ``Bc`` (kc x nc, plus :data:`VECTOR_SLACK_BYTES`),
         an MR x NR edge tile and two int64 tables for the packing of B, kc x 7 (taps) and NR x 4
-        (pixel runs); see :mod:`convlib.cpu.blis` for why the threads share nothing. ``threads`` defaults to ``numba.get_num_threads()``,
-        the count :func:`convlib.cpu.blis.conv2d` allocates for.
+        (pixel runs); see :mod:`convlib.cpu.blis` for why the threads share nothing. ``threads``
+        defaults to ``numba.get_num_threads()``, the count :func:`convlib.cpu.blis.conv2d`
+        allocates for.
         """
         if threads is None:
             from numba import get_num_threads
