@@ -135,7 +135,7 @@ def test_blis_workspace_does_not_grow_with_the_image(mods, rng, monkeypatch):
             x, w, b = random_arrays(rng, problem)
             assert_close(run(problem, x, w, b, "blis"), problem, x, w, b)
     panels = [s for s in sizes if len(s) == 2]
-    assert panels == [(16, 32), (16, 32)]
+    assert len(panels) == 2 and all(kc * nc <= 16 * 32 for kc, nc in panels)
 
 
 def test_kernel_factories_are_cached(mods):

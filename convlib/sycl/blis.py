@@ -23,9 +23,10 @@ onto the device as follows (names as in :mod:`convlib.sycl.blocking` and BLIS it
 The micro-kernel (:func:`gemm_packed_kernel`) keeps an ``MR x 1`` tile per work-item in registers
 and accumulates into C across ``pc`` blocks (bias in the first block's prologue).
 
-Workspace: ``Ac`` = ``groups * ceil(Kg/MR)*MR * Kgemm`` values (the filters' size) plus
-``Bc`` = ``KC * NC`` values and one zero-padded copy of ``x`` when padding is asked for. Neither
-``Ac`` nor ``Bc`` depends on N, H or W.
+Workspace: ``Ac`` = ``groups * ceil(Kg/MR)*MR * Kgemm`` values (the filters' size), ``Bc`` of at
+most ``blis_kc * blis_nc`` values (a panel narrower than ``NC`` gets a deeper ``KC``), and one
+zero-padded copy of ``x`` when padding is asked for. Neither ``Ac`` nor ``Bc`` depends on N, H
+or W.
 
 Compile cost (first launch in a process, 0.2-1 s each, no on-disk cache): the packing kernel once
 per dtype, the micro-kernel per ``(MR, dtype)``. Every size, stride, padding, dilation and group
@@ -180,19 +181,23 @@ def conv2d(problem: ConvProblem, x, w, bias, device):
     blk = blocking_for(device.sycl_device, p.dtype)
     MR = blk.gemm_mb
     Kg, Kgemm, Ngemm, PQ = p.K_per_group, p.gemm_k, p.gemm_n, p.P * p.Q
-    KC = min(blk.blis_kc, Kgemm)
     NC = min(blk.blis_nc, max(Ngemm, 1))
+    panels = list(panel_blocks(p, NC))
+    widest = max(nrows * ncols for _, _, nrows, ncols in panels)
+    # Bc holds blis_kc * blis_nc values; panels narrower than NC (small images) take a deeper
+    # KC instead, so y is read back fewer times (ResNet's 7x7 layer: 1 pass instead of 9).
+    KC = min(Kgemm, max(blk.blis_kc, blk.blis_kc * blk.blis_nc // widest))
     y = device_empty(p.y_shape, p.dtype, device, result=True)
     y3 = dpt.reshape(y, (p.N, p.K, PQ))
     x_padded = zero_padded_input(p, x)
     a_panels = pack_a_panels(p, w, MR, device)
-    b_panel = device_empty((KC, NC), p.dtype, device)
+    b_panel = device_empty((KC, widest), p.dtype, device)
     bias_full = bias_or_zeros(p, bias, device)
     pack_b = pack_b_kernel()
     micro = gemm_packed_kernel(MR, p.dtype)
     micro_panels = a_panels.shape[1]
     for g in range(p.groups):
-        for row0, q0, nrows, ncols in panel_blocks(p, NC):
+        for row0, q0, nrows, ncols in panels:
             n0, pq0 = row0 // p.P, (row0 % p.P) * p.Q + q0
             single_image = nrows <= p.P
             for pc in range(0, Kgemm, KC):
