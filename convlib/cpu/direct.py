@@ -29,12 +29,15 @@ last block of an image is shifted back to end at the image's last position (it r
 few outputs) so that no read leaves the image; images shorter than one block always go through
 the gathered planes, which carry a zero tail.
 
-Parallel loop order: ``prange`` over ``(group, [K-block,] image, chunk of position blocks)``,
-flattened, so numba hands each thread one contiguous share and two threads get balanced work
-even for N=1, K=4. When a group's packed weights fit in L2 (:func:`k_blocks_inner`) the
-K-blocks are swept inside each position block, so each piece of ``x`` comes from memory once
-and is reused from L1 (the C=K=4, 1024^2 case); otherwise a thread keeps one K-block's weights
-hot and streams the images past them (deep ResNet layers).
+Parallel loop order: a work item is ``(group, range of K-blocks, chunk of position blocks)``;
+a chunk runs through consecutive blocks of one group, image after image, and every K-block of
+the range sweeps the whole chunk before the next K-block starts, so the chunk's input is reused
+from L2 (and, with few K-blocks, from L1) while one K-block's weights stay in L1.
+:func:`schedule` sizes chunks to an L2 budget and splits K into ranges only when there would
+otherwise be too few items for the threads (N=1, K=4 still gives both threads work). Items are
+taken from an atomic counter, one at a time, by one worker per thread (``prange`` over the
+workers): numba's OpenMP layer splits a ``prange`` statically, and on a shared machine a
+preempted thread would otherwise hold the other one up at the end of the region.
 
 Block sizes are data (:data:`DIRECT_BLOCKINGS`, one table per instruction set, picked from the
 host's features); :func:`choose_blocking` weighs each candidate's padded work (K rounded up to
@@ -53,7 +56,9 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .stack_buffer import stack_array_2d
 
@@ -384,6 +389,20 @@ def pack_weights(w, KB, wpack):
                     wpack[g, kb, t, kk] = 0
 
 
+@intrinsic
+def fetch_and_increment(typingctx, counter):
+    """Atomically ``counter[0] += 1``, returning the old value (``counter``: 1-D int64)."""
+    if not (isinstance(counter, types.Array) and counter.dtype == types.int64 and counter.ndim == 1):
+        return None
+
+    def codegen(context, builder, signature, args):
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        one = context.get_constant(types.int64, 1)
+        return builder.atomic_rmw("add", array.data, one, "monotonic")
+
+    return types.int64(counter), codegen
+
+
 @njit(inline="always")
 def scatter_wrapped_block(tile, rows, j0, p0, q0, wide_length, Ws, y, y_block, P, Q):
     """Store a block whose wide positions wrap rows: row piece by row piece, dropping q >= Q.
@@ -441,7 +460,7 @@ def direct_kernel(dtype: str, KB: int, QB: int):
 
     @njit(parallel=True, cache=True, fastmath={"contract"})
     def direct_conv_blocked(xs, image_stride, group_stride, tap_offsets, wpack, bias_packed, Ws,
-                            chunk, k_ranges, y):
+                            chunk, k_ranges, workers, next_item, y):
         N, K, P, Q = y.shape
         groups, nkb, taps = wpack.shape[0], wpack.shape[1], wpack.shape[2]
         Kg = K // groups
@@ -451,62 +470,67 @@ def direct_kernel(dtype: str, KB: int, QB: int):
         nchunks = (blocks + chunk - 1) // chunk
         kb_per_range = (nkb + k_ranges - 1) // k_ranges
         yflat = y.reshape(-1)
-        for item in prange(groups * k_ranges * nchunks):
-            qc = item % nchunks
-            rest = item // nchunks
-            kr = rest % k_ranges
-            g = rest // k_ranges
+        items = groups * k_ranges * nchunks
+        for worker in prange(workers):  # noqa: B007 (each worker takes items until none are left)
             acc = stack_array_2d(KB, QB, scalar)
             tile = stack_array_2d(KB, QB, scalar)
-            for kb in range(kr * kb_per_range, min(nkb, (kr + 1) * kb_per_range)):
-                kvalid = min(KB, Kg - kb * KB)
-                first = qc * chunk
-                n = first // nqb
-                qb = first - n * nqb
-                # (p0, q0) = divmod(j0, Ws), advanced from block to block without a division.
-                p0 = (qb * QB) // Ws
-                q0 = qb * QB - p0 * Ws
-                for _ in range(first, min(blocks, first + chunk)):
-                    if qb == nqb:  # the chunk goes on in the next image
-                        n += 1
-                        qb = p0 = q0 = 0
-                    j0 = qb * QB
-                    if wide_length >= QB and j0 > wide_length - QB:
-                        j0 = wide_length - QB  # stay inside the image; recomputes a few outputs
-                        p0 = j0 // Ws
-                        q0 = j0 - p0 * Ws
-                    base = n * image_stride + g * group_stride + j0
+            while True:
+                item = fetch_and_increment(next_item)
+                if item >= items:
+                    break
+                qc = item % nchunks
+                rest = item // nchunks
+                kr = rest % k_ranges
+                g = rest // k_ranges
+                for kb in range(kr * kb_per_range, min(nkb, (kr + 1) * kb_per_range)):
+                    kvalid = min(KB, Kg - kb * KB)
+                    first = qc * chunk
+                    n = first // nqb
+                    qb = first - n * nqb
+                    # (p0, q0) = divmod(j0, Ws), advanced from block to block without a division.
+                    p0 = (qb * QB) // Ws
+                    q0 = qb * QB - p0 * Ws
+                    for _ in range(first, min(blocks, first + chunk)):
+                        if qb == nqb:  # the chunk goes on in the next image
+                            n += 1
+                            qb = p0 = q0 = 0
+                        j0 = qb * QB
+                        if wide_length >= QB and j0 > wide_length - QB:
+                            j0 = wide_length - QB  # stay inside the image; recomputes a few outputs
+                            p0 = j0 // Ws
+                            q0 = j0 - p0 * Ws
+                        base = n * image_stride + g * group_stride + j0
 
-                    for kk in range(KB):
-                        for jj in range(QB):
-                            acc[kk, jj] = 0
-                    for t in range(taps):
-                        src = base + tap_offsets[t]
-                        for jj in range(QB):
-                            xv = xs[np.uint64(src + jj)]
-                            for kk in range(KB):
-                                acc[kk, jj] += wpack[g, kb, t, kk] * xv
-
-                    y_block = (n * K + g * Kg + kb * KB) * P * Q
-                    if q0 + QB <= Q:
-                        # The whole block lies in one output row: constant-length stores.
-                        for kk in range(KB):  # constant trip count: acc stays in registers
-                            if kk < kvalid:
-                                bk = bias_packed[g, kb, kk]
-                                dst = y_block + kk * P * Q + p0 * Q + q0
-                                for jj in range(QB):
-                                    yflat[np.uint64(dst + jj)] = acc[kk, jj] + bk
-                    else:
                         for kk in range(KB):
-                            bk = bias_packed[g, kb, kk]
                             for jj in range(QB):
-                                tile[kk, jj] = acc[kk, jj] + bk
-                        scatter_wrapped_block(tile, kvalid, j0, p0, q0, wide_length, Ws, yflat, y_block, P, Q)
-                    qb += 1
-                    q0 += QB
-                    while q0 >= Ws:
-                        q0 -= Ws
-                        p0 += 1
+                                acc[kk, jj] = 0
+                        for t in range(taps):
+                            src = base + tap_offsets[t]
+                            for jj in range(QB):
+                                xv = xs[np.uint64(src + jj)]
+                                for kk in range(KB):
+                                    acc[kk, jj] += wpack[g, kb, t, kk] * xv
+
+                        y_block = (n * K + g * Kg + kb * KB) * P * Q
+                        if q0 + QB <= Q:
+                            # The whole block lies in one output row: constant-length stores.
+                            for kk in range(KB):  # constant trip count: acc stays in registers
+                                if kk < kvalid:
+                                    bk = bias_packed[g, kb, kk]
+                                    dst = y_block + kk * P * Q + p0 * Q + q0
+                                    for jj in range(QB):
+                                        yflat[np.uint64(dst + jj)] = acc[kk, jj] + bk
+                        else:
+                            for kk in range(KB):
+                                bk = bias_packed[g, kb, kk]
+                                for jj in range(QB):
+                                    tile[kk, jj] = acc[kk, jj] + bk
+                            scatter_wrapped_block(tile, kvalid, j0, p0, q0, wide_length, Ws, yflat, y_block, P, Q)
+                        qb += 1
+                        q0 += QB
+                        while q0 >= Ws:
+                            q0 -= Ws
+                            p0 += 1
 
     return direct_conv_blocked
 
@@ -574,6 +598,7 @@ def conv2d(problem, x, w, bias, device):
     kernel = direct_kernel(problem.dtype, KB, QB)
     kernel(
         xs, problem.C * plane_block, Cg * plane_block, _tap_offsets(problem, planes),
-        wpack, bias_packed, planes.Ws, plan.chunk_blocks, plan.k_ranges, y,
+        wpack, bias_packed, planes.Ws, plan.chunk_blocks, plan.k_ranges,
+        get_num_threads(), np.zeros(1, dtype=np.int64), y,
     )
     return y
