@@ -46,8 +46,11 @@ host's features); :func:`choose_blocking` weighs each candidate's padded work (K
 What a new shape costs
 ----------------------
 Kernels are specialised on ``(dtype, KB, QB)`` only, compiled once per machine
-(``cache=True``); N, C, H, W, K, R, S, stride, dilation and padding are runtime values. A new
-shape costs no compilation, only the (cheap) offset table and weight packing.
+(``cache=True``, a few seconds each; at most three blocks per dtype are used on one machine);
+N, C, H, W, K, R, S, stride, dilation, padding and groups are runtime values. A new shape costs
+no compilation, only the offset table, the weight packing and (with padding or stride) the
+gather. On AVX-512 hosts the first call of a process also compiles a tiny uncached probe loop
+(~0.1 s) to learn which vector width LLVM uses (:func:`host_isa`).
 """
 
 from __future__ import annotations
@@ -272,12 +275,11 @@ def schedule(problem, block: DirectBlocking, threads: int | None = None) -> Sche
     reads about ``C/groups * planes per channel`` input elements per position (plus a halo of
     ``R - 1`` wide rows), and chunks are sized to keep that under :data:`L2_INPUT_BUDGET`. One
     K-block's weights stay in L1 while it sweeps the chunk and are read once per chunk. When
-    that leaves fewer than ~8 items per thread (numba splits ``prange`` statically, so fewer
-    items balance badly), the K-blocks are split into ranges first (each range re-reads the
-    chunk), and only then are chunks shrunk (each chunk re-reads the weights).
+    that leaves fewer than ~8 items per thread (items are handed out dynamically, but with few
+    of them the last one still leaves the other threads idle), the K-blocks are split into
+    ranges first (each range re-reads the chunk), and only then are chunks shrunk (each chunk
+    re-reads the weights).
     """
-    from numba import get_num_threads
-
     threads = threads or get_num_threads()
     wanted_items = 8 * threads
     planes = _planes(problem, block.QB)
