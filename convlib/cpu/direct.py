@@ -527,7 +527,9 @@ def direct_kernel(dtype: str, KB: int, QB: int):
                                 bk = bias_packed[g, kb, kk]
                                 for jj in range(QB):
                                     tile[kk, jj] = acc[kk, jj] + bk
-                            scatter_wrapped_block(tile, kvalid, j0, p0, q0, wide_length, Ws, yflat, y_block, P, Q)
+                            scatter_wrapped_block(
+                                tile, kvalid, j0, p0, q0, wide_length, Ws, yflat, y_block, P, Q
+                            )
                         qb += 1
                         q0 += QB
                         while q0 >= Ws:
