@@ -39,7 +39,7 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit, prange, types
+from numba import get_num_threads, njit, prange, types
 from numba.extending import overload
 from numba.np import numpy_support
 
@@ -71,6 +71,27 @@ def _as_type_of_overload(like, value):
         return cast(value)
 
     return impl
+
+
+#: Work parts per thread in the transforms: each part allocates its scratch buffers once, and
+#: a few parts per thread even out threads slowed by others on a shared machine.
+PARTS_PER_THREAD = 4
+
+
+@njit(inline="always")
+def _parts(total, threads):
+    """How many ``prange`` parts to split ``total`` items into (see :data:`PARTS_PER_THREAD`).
+
+    ``threads`` comes from the caller: ``numba.get_num_threads()`` inside a kernel is a dynamic
+    global, which would stop the kernel from being cached.
+    """
+    return max(1, min(total, PARTS_PER_THREAD * threads))
+
+
+@njit(inline="always")
+def _part_range(part, parts, total):
+    """Items ``lo .. hi - 1`` of part ``part`` of ``parts`` (contiguous, sizes differ by <= 1)."""
+    return part * total // parts, (part + 1) * total // parts
 
 
 # -- 1-D transforms, written out from winograd_math's matrices ----------------------------------
@@ -254,7 +275,7 @@ def filter_transform_kernel(m: int):
     alpha = m + 2
 
     @njit(parallel=True, cache=True, fastmath={"contract"})
-    def filter_transform(w, U):
+    def filter_transform(w, U, threads):
         """``U[i*alpha + j, g, k, c] = (G w[g*Kg + k, c] G^T)[i, j]``, in float64, rounded once.
 
         w : (K, Cg, 3, 3)                IN
@@ -265,20 +286,24 @@ def filter_transform_kernel(m: int):
         w_flat, u_flat = w.ravel(), U.ravel()
         pos_stride = groups * Kpad * Cg
         zero64 = np.float64(0.0)
-        for gk in prange(groups * Kpad):
-            g = gk // Kpad
-            k = gk - g * Kpad
-            if k >= Kg:
-                for pos in range(alpha * alpha):
-                    U[pos, g, k, :] = 0
-                continue
+        parts = _parts(groups * Kpad, threads)
+        for part in prange(parts):
             columns = np.empty(alpha * 3 * Cg)  # (G f)[i, s] for every c, float64
-            src = (g * Kg + k) * Cg * 9
-            for s in range(3):  # G along each filter column s: taps 3 apart, filters 9 apart
-                transform_pass("filter", m, False, w_flat, src + s, 3, 9, columns, s * Cg, 3 * Cg, 1, Cg, zero64)
-            for i in range(alpha):  # then along the rows: (G f G^T)[i, j]
-                transform_pass("filter", m, False, columns, i * 3 * Cg, Cg, 1,
-                               u_flat, alpha * i * pos_stride + gk * Cg, pos_stride, 1, Cg, zero64)
+            gk_lo, gk_hi = _part_range(part, parts, groups * Kpad)
+            for gk in range(gk_lo, gk_hi):
+                g = gk // Kpad
+                k = gk - g * Kpad
+                if k >= Kg:
+                    for pos in range(alpha * alpha):
+                        U[pos, g, k, :] = 0
+                    continue
+                src = (g * Kg + k) * Cg * 9
+                for s in range(3):  # G along each filter column s: taps 3 apart, filters 9 apart
+                    transform_pass("filter", m, False, w_flat, src + s, 3, 9, columns, s * Cg, 3 * Cg, 1, Cg,
+                                   zero64)
+                for i in range(alpha):  # then along the rows: (G f G^T)[i, j]
+                    transform_pass("filter", m, False, columns, i * 3 * Cg, Cg, 1,
+                                   u_flat, alpha * i * pos_stride + gk * Cg, pos_stride, 1, Cg, zero64)
 
     return filter_transform
 
@@ -320,7 +345,7 @@ def input_transform_kernel(m: int):
     alpha = m + 2
 
     @njit(parallel=True, cache=True, fastmath={"contract"})
-    def input_transform(x, V, tiles_h, row0, nrows, tx0, ntiles, top, left):
+    def input_transform(x, V, tiles_h, row0, nrows, tx0, ntiles, top, left, threads):
         """``V[i*alpha + j, c, r*ntiles + t] = (B^T d B)[i, j]`` for tile ``t`` of chunk row ``r``.
 
         x : (N, C, H, W)          IN  the image, unpadded (padding is read as zeros)
@@ -342,7 +367,8 @@ def input_transform_kernel(m: int):
         E = 2 * nrows  # extra columns of the chunk
         w_first = m * tx0 - left  # image column of a row's first main column
         zero = _as_type_of(x[0, 0, 0, 0], 0.0)
-        for c in prange(C):
+        parts = _parts(C, threads)
+        for part in prange(parts):
             # + m: the horizontal pass reads past the last row's main columns (tile redone later).
             src_main = np.empty(alpha * L + m, x.dtype)
             src_extra = np.empty(alpha * E, x.dtype)
@@ -351,33 +377,35 @@ def input_transform_kernel(m: int):
             last = np.empty(alpha * alpha * nrows, x.dtype)
             src_main[alpha * L:] = 0
             rows_main[alpha * L:] = 0
-            for r in range(nrows):
-                n, ty = divmod(row0 + r, tiles_h)
-                for j in range(alpha):
-                    h = m * ty - top + j
-                    x_row = ((n * C + c) * H + h) * W if h >= 0 and h < H else -1
-                    _copy_padded_row(x_flat, x_row, W, w_first, src_main, j * L + r * row_len, row_len)
-                    _copy_padded_row(x_flat, x_row, W, w_first + row_len, src_extra, j * E + 2 * r, 2)
-            # B^T d: along the columns of every tile row at once.
-            transform_pass("input", m, False, src_main, 0, L, 1, rows_main, 0, L, 1, L, zero)
-            transform_pass("input", m, False, src_extra, 0, E, 1, rows_extra, 0, E, 1, E, zero)
-            # (B^T d) B: along the rows, tile T reading main columns m*T .. m*T + alpha - 1.
-            for i in range(alpha):
-                transform_pass("input", m, False, rows_main, i * L, 1, m, v_flat, (alpha * i * C + c) * Tpad,
-                               C * Tpad, 1, nrows * ntiles, zero)
-            # The last tile of each row, whose taps m and m+1 are the row's extra columns: the
-            # columns of all rows' last tiles side by side (last[i, j, r]), then one pass per i
-            # storing tile r*ntiles + ntiles - 1 of each row.
-            for r in range(nrows):
-                T = r * ntiles + ntiles - 1
+            c_lo, c_hi = _part_range(part, parts, C)
+            for c in range(c_lo, c_hi):
+                for r in range(nrows):
+                    n, ty = divmod(row0 + r, tiles_h)
+                    for j in range(alpha):
+                        h = m * ty - top + j
+                        x_row = ((n * C + c) * H + h) * W if h >= 0 and h < H else -1
+                        _copy_padded_row(x_flat, x_row, W, w_first, src_main, j * L + r * row_len, row_len)
+                        _copy_padded_row(x_flat, x_row, W, w_first + row_len, src_extra, j * E + 2 * r, 2)
+                # B^T d: along the columns of every tile row at once.
+                transform_pass("input", m, False, src_main, 0, L, 1, rows_main, 0, L, 1, L, zero)
+                transform_pass("input", m, False, src_extra, 0, E, 1, rows_extra, 0, E, 1, E, zero)
+                # (B^T d) B: along the rows, tile T reading main columns m*T .. m*T + alpha - 1.
                 for i in range(alpha):
-                    for j in range(m):
-                        last[(i * alpha + j) * nrows + r] = rows_main[i * L + m * T + j]
-                    last[(i * alpha + m) * nrows + r] = rows_extra[i * E + 2 * r]
-                    last[(i * alpha + m + 1) * nrows + r] = rows_extra[i * E + 2 * r + 1]
-            for i in range(alpha):
-                transform_pass("input", m, False, last, i * alpha * nrows, nrows, 1, v_flat,
-                               (alpha * i * C + c) * Tpad + ntiles - 1, C * Tpad, ntiles, nrows, zero)
+                    transform_pass("input", m, False, rows_main, i * L, 1, m, v_flat, (alpha * i * C + c) * Tpad,
+                                   C * Tpad, 1, nrows * ntiles, zero)
+                # The last tile of each row, whose taps m and m+1 are the row's extra columns: the
+                # columns of all rows' last tiles side by side (last[i, j, r]), then one pass per i
+                # storing tile r*ntiles + ntiles - 1 of each row.
+                for r in range(nrows):
+                    T = r * ntiles + ntiles - 1
+                    for i in range(alpha):
+                        for j in range(m):
+                            last[(i * alpha + j) * nrows + r] = rows_main[i * L + m * T + j]
+                        last[(i * alpha + m) * nrows + r] = rows_extra[i * E + 2 * r]
+                        last[(i * alpha + m + 1) * nrows + r] = rows_extra[i * E + 2 * r + 1]
+                for i in range(alpha):
+                    transform_pass("input", m, False, last, i * alpha * nrows, nrows, 1, v_flat,
+                                   (alpha * i * C + c) * Tpad + ntiles - 1, C * Tpad, ntiles, nrows, zero)
 
     return input_transform
 
@@ -483,7 +511,7 @@ def output_transform_kernel(m: int):
     alpha = m + 2
 
     @njit(parallel=True, cache=True, fastmath={"contract"})
-    def output_transform(M, y, bias, tiles_h, row0, nrows, tx0, ntiles):
+    def output_transform(M, y, bias, tiles_h, row0, nrows, tx0, ntiles, threads):
         """``y[n, k, m*ty + a, m*tx + b] = (A^T M_tile A)[a, b] + bias[k]`` for the chunk's tiles.
 
         M : (alpha**2, K, Tpad)  IN  GEMM results, laid out like ``V`` of the input transform
@@ -497,20 +525,23 @@ def output_transform_kernel(m: int):
         L = nrows * row_len
         q0 = m * tx0
         width = min(Q, q0 + row_len) - q0  # output columns of a chunk row (its last tile may be cut)
-        for k in prange(K):
-            zero = _as_type_of(bias[k], 0.0)
+        parts = _parts(K, threads)
+        for part in prange(parts):
             rows = np.empty(alpha * L, y.dtype)
             out = np.empty(m * L, y.dtype)
-            # M A: along the tiles of the whole chunk, each tile's m outputs side by side.
-            for i in range(alpha):
-                transform_pass("output", m, True, m_flat, (alpha * i * K + k) * Tpad, K * Tpad, 1,
-                               rows, i * L, 1, m, nrows * ntiles, zero)
-            # A^T (M A) + bias: along every output column of the chunk.
-            transform_pass("output", m, False, rows, 0, L, 1, out, 0, L, 1, L, bias[k])
-            for r in range(nrows):
-                n, ty = divmod(row0 + r, tiles_h)
-                for a in range(min(m, P - m * ty)):  # the bottom tile row may be cut
-                    _copy_run(out, a * L + r * row_len, y_flat, ((n * K + k) * P + m * ty + a) * Q + q0, width)
+            k_lo, k_hi = _part_range(part, parts, K)
+            for k in range(k_lo, k_hi):
+                zero = _as_type_of(bias[k], 0.0)
+                # M A: along the tiles of the whole chunk, each tile's m outputs side by side.
+                for i in range(alpha):
+                    transform_pass("output", m, True, m_flat, (alpha * i * K + k) * Tpad, K * Tpad, 1,
+                                   rows, i * L, 1, m, nrows * ntiles, zero)
+                # A^T (M A) + bias: along every output column of the chunk.
+                transform_pass("output", m, False, rows, 0, L, 1, out, 0, L, 1, L, bias[k])
+                for r in range(nrows):
+                    n, ty = divmod(row0 + r, tiles_h)
+                    for a in range(min(m, P - m * ty)):  # the bottom tile row may be cut
+                        _copy_run(out, a * L + r * row_len, y_flat, ((n * K + k) * P + m * ty + a) * Q + q0, width)
 
     return output_transform
 
@@ -575,10 +606,14 @@ class WinogradAlgorithm:
     def chunk_plan(self, problem, chunk_bytes: int | None = None) -> ChunkPlan:
         """The chunking of ``problem``'s tiles that keeps ``V + M`` near ``chunk_bytes``.
 
-        ``chunk_bytes`` defaults to :data:`CHUNK_BYTES`. Chunks hold at least one tile, and the
-        tile rows are spread evenly over the chunks (so the last one is not a stub).
+        ``chunk_bytes`` defaults to :data:`CHUNK_BYTES`; it is raised to the size of ``U`` when
+        that is larger, since every chunk streams all of ``U`` through the GEMM (so the chunk
+        workspace never exceeds the filters' share and ``U`` is read at most twice per chunk's
+        worth of ``V + M``). Chunks hold at least one tile, and the tile rows are spread evenly
+        over the chunks (so the last one is not a stub).
         """
         chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+        chunk_bytes = max(chunk_bytes, self.filter_bytes(problem))
         NR = REGISTER_TILE[problem.dtype][1]
         tiles_h = -(-problem.P // self.m)
         tiles_w = -(-problem.Q // self.m)
@@ -591,18 +626,23 @@ class WinogradAlgorithm:
         n_chunks = -(-total_rows // (budget // tiles_w))
         return ChunkPlan(tiles_h, tiles_w, -(-total_rows // n_chunks), tiles_w, NR)
 
+    def filter_bytes(self, problem) -> int:
+        """Bytes of the transformed filters ``U`` (rows padded to the micro-kernel's ``MR``)."""
+        MR = REGISTER_TILE[problem.dtype][0]
+        Kpad = -(-problem.K_per_group // MR) * MR
+        return self.alpha**2 * problem.groups * Kpad * problem.C_per_group * problem.itemsize
+
     def workspace_bytes(self, problem, chunk_bytes: int | None = None) -> int:
         """Bytes allocated beyond x, w, bias and y: ``U`` plus one chunk's ``V`` and ``M``.
 
-        ``alpha**2 * (groups * Kpad * Cg + (C + K) * Tpad) * itemsize``, with ``Kpad`` the
-        rows per group rounded up to the micro-kernel's ``MR`` and ``Tpad`` the chunk's tiles
-        rounded up to its ``NR``; small per-thread row buffers not counted.
+        ``alpha**2 * (groups * Kpad * Cg + (C + K) * Tpad) * itemsize``, with ``Kpad`` the rows
+        per group rounded up to the micro-kernel's ``MR`` and ``Tpad`` the chunk's tiles rounded
+        up to its ``NR`` (see :meth:`chunk_plan`); the per-thread scratch rows of the transforms
+        (``O(alpha * width of a chunk)``) are not counted.
         """
         plan = self.chunk_plan(problem, chunk_bytes)
-        MR = REGISTER_TILE[problem.dtype][0]
-        Kpad = -(-problem.K_per_group // MR) * MR
-        u_elems = problem.groups * Kpad * problem.C_per_group
-        return self.alpha**2 * (u_elems + (problem.C + problem.K) * plan.padded_tiles) * problem.itemsize
+        chunk = self.alpha**2 * (problem.C + problem.K) * plan.padded_tiles * problem.itemsize
+        return self.filter_bytes(problem) + chunk
 
     def conv2d(self, problem, x, w, bias, device=None):
         """The convolution of ``x`` with ``w`` (see :mod:`convlib.registry` for the contract)."""
@@ -617,7 +657,8 @@ class WinogradAlgorithm:
         MR, NR = REGISTER_TILE[problem.dtype]
         Kg = problem.K_per_group
         U = np.empty((a2, problem.groups, -(-Kg // MR) * MR, problem.C_per_group), dtype)
-        filter_transform(w, U)
+        threads = get_num_threads()
+        filter_transform(w, U, threads)
         plan = self.chunk_plan(problem)
         # Flat buffers, zeroed once: each chunk views the front of them as (a2, C, Tpad), and
         # the padding columns then hold zeros or values of an earlier chunk, never garbage.
@@ -629,9 +670,9 @@ class WinogradAlgorithm:
             Tpad = -(-nrows * ncols // NR) * NR
             V = V_buffer[: a2 * problem.C * Tpad].reshape(a2, problem.C, Tpad)
             M = M_buffer[: a2 * problem.K * Tpad].reshape(a2, problem.K, Tpad)
-            input_transform(x, V, plan.tiles_h, row0, nrows, tx0, ncols, problem.pad_top, problem.pad_left)
+            input_transform(x, V, plan.tiles_h, row0, nrows, tx0, ncols, problem.pad_top, problem.pad_left, threads)
             batched_gemm(U, V, M, Kg)
-            output_transform(M, y, bias_or_zeros, plan.tiles_h, row0, nrows, tx0, ncols)
+            output_transform(M, y, bias_or_zeros, plan.tiles_h, row0, nrows, tx0, ncols, threads)
         return y
 
 
