@@ -80,8 +80,8 @@ import functools
 from collections import namedtuple
 
 import numpy as np
-from numba import get_num_threads, njit, prange, types
 from llvmlite import ir
+from numba import get_num_threads, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
