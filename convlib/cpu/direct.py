@@ -59,7 +59,7 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-from numba import get_num_threads, njit, prange, types
+from numba import get_num_threads, njit, prange, set_num_threads, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -178,6 +178,9 @@ def blocking_candidates(dtype: str) -> tuple:
 #: Input bytes one work item's chunk of positions may read (see :func:`schedule`): about
 #: half of a 1 MB L2, leaving the rest to the weights streaming past.
 L2_INPUT_BUDGET = 512 * 1024
+
+#: Problems with fewer FLOPs than this (~0.2 ms on one core) run on one thread.
+SERIAL_BELOW_FLOPS = 10_000_000
 
 
 # ------------------------------------------------------------------------------------------
@@ -562,11 +565,27 @@ def conv2d(problem, x, w, bias, device):
     -------
     (N, K, P, Q) numpy array, newly allocated
     """
-    dtype = np.dtype(problem.dtype)
-    N, K, P, Q = problem.y_shape
-    y = np.empty((N, K, P, Q), dtype=dtype)
-    if N == 0:
+    y = np.empty(problem.y_shape, dtype=problem.dtype)
+    if problem.N == 0:
         return y
+    if problem.flops >= SERIAL_BELOW_FLOPS:
+        _run(problem, x, w, bias, y)
+        return y
+    # Too little work to be worth waking the other threads: on a busy machine a thread that is
+    # not running can hold a whole parallel region up for a scheduler time slice.
+    threads = get_num_threads()
+    set_num_threads(1)
+    try:
+        _run(problem, x, w, bias, y)
+    finally:
+        set_num_threads(threads)
+    return y
+
+
+def _run(problem, x, w, bias, y):
+    """Gather, pack and run the kernel with numba's current thread count; fills ``y``."""
+    dtype = np.dtype(problem.dtype)
+    N = problem.N
     blk = choose_blocking(problem)
     KB, QB = blk.KB, blk.QB
     groups = problem.groups
@@ -598,11 +617,11 @@ def conv2d(problem, x, w, bias, device):
         bias_packed[:, :Kg] = bias.reshape(groups, Kg)
     bias_packed = bias_packed.reshape(groups, nkb, KB)
 
-    plan = schedule(problem, blk)
+    threads = get_num_threads()
+    plan = schedule(problem, blk, threads)
     kernel = direct_kernel(problem.dtype, KB, QB)
     kernel(
         xs, problem.C * plane_block, Cg * plane_block, _tap_offsets(problem, planes),
         wpack, bias_packed, planes.Ws, plan.chunk_blocks, plan.k_ranges,
-        get_num_threads(), np.zeros(1, dtype=np.int64), y,
+        threads, np.zeros(1, dtype=np.int64), y,
     )
-    return y
