@@ -48,6 +48,7 @@ def problem_for(name, dtype):
 def test_every_block_matches_reference(monkeypatch, rng, dtype, block, case):
     problem = problem_for(case, dtype)
     monkeypatch.setattr(direct, "choose_blocking", lambda p: block)
+    monkeypatch.setattr(direct, "SERIAL_BELOW_FLOPS", 0)  # every thread takes work items
     x, w, b = random_arrays(rng, problem)
     copies = (x.copy(), w.copy(), None if b is None else b.copy())
     y = direct.conv2d(problem, x, w, b, None)
@@ -61,7 +62,8 @@ def test_every_block_matches_reference(monkeypatch, rng, dtype, block, case):
 @pytest.mark.parametrize("chunk_blocks, k_ranges", [(1, 1), (3, 2), (1000, 5), (2, 1000)])
 def test_any_schedule(monkeypatch, rng, chunk_blocks, k_ranges):
     problem = problem_for("groups", "float32")
-    monkeypatch.setattr(direct, "schedule", lambda p, b: direct.Schedule(chunk_blocks, k_ranges))
+    monkeypatch.setattr(direct, "schedule", lambda p, b, threads=None: direct.Schedule(chunk_blocks, k_ranges))
+    monkeypatch.setattr(direct, "SERIAL_BELOW_FLOPS", 0)
     x, w, b = random_arrays(rng, problem)
     y = direct.conv2d(problem, x, w, b, None)
     assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float32"]
@@ -91,3 +93,32 @@ def test_empty_batch():
     x = np.zeros(problem.x_shape, np.float32)
     w = np.ones(problem.w_shape, np.float32)
     assert direct.conv2d(problem, x, w, None, None).shape == (0, 4, 8, 8)
+
+
+def test_thread_count_does_not_change_the_result(monkeypatch, rng):
+    import numba
+
+    problem = problem_for("wrapping-rows", "float64")
+    monkeypatch.setattr(direct, "SERIAL_BELOW_FLOPS", 0)
+    x, w, b = random_arrays(rng, problem)
+    threads = numba.get_num_threads()
+    results = []
+    for count in sorted({1, threads}):
+        numba.set_num_threads(count)
+        try:
+            results.append(direct.conv2d(problem, x, w, b, None))
+        finally:
+            numba.set_num_threads(threads)
+        assert numba.get_num_threads() == threads
+    assert all(np.array_equal(results[0], r) for r in results[1:])
+
+
+def test_small_problems_leave_the_thread_count_alone(rng):
+    import numba
+
+    problem = problem_for("tiny-image", "float32")
+    assert problem.flops < direct.SERIAL_BELOW_FLOPS
+    threads = numba.get_num_threads()
+    x, w, b = random_arrays(rng, problem)
+    direct.conv2d(problem, x, w, b, None)
+    assert numba.get_num_threads() == threads
