@@ -37,7 +37,8 @@ from L2 (and, with few K-blocks, from L1) while one K-block's weights stay in L1
 otherwise be too few items for the threads (N=1, K=4 still gives both threads work). Items are
 taken from an atomic counter, one at a time, by one worker per thread (``prange`` over the
 workers): numba's OpenMP layer splits a ``prange`` statically, and on a shared machine a
-preempted thread would otherwise hold the other one up at the end of the region.
+preempted thread would otherwise hold the other one up at the end of the region. Problems under
+:data:`SERIAL_BELOW_FLOPS` run on one thread: waking the others would cost more than it saves.
 
 Block sizes are data (:data:`DIRECT_BLOCKINGS`, one table per instruction set, picked from the
 host's features); :func:`choose_blocking` weighs each candidate's padded work (K rounded up to
@@ -46,7 +47,7 @@ host's features); :func:`choose_blocking` weighs each candidate's padded work (K
 What a new shape costs
 ----------------------
 Kernels are specialised on ``(dtype, KB, QB)`` only, compiled once per machine
-(``cache=True``, a few seconds each; at most three blocks per dtype are used on one machine);
+(``cache=True``, a few seconds each; one table of three or four blocks per dtype applies here);
 N, C, H, W, K, R, S, stride, dilation, padding and groups are runtime values. A new shape costs
 no compilation, only the offset table, the weight packing and (with padding or stride) the
 gather. On AVX-512 hosts the first call of a process also compiles a tiny uncached probe loop
