@@ -38,6 +38,9 @@ _IMPLEMENTATIONS: dict[tuple[str, str], str] = {
     ("cpu", "winograd"): "convlib.cpu.winograd:F4",
     ("cpu", "winograd2"): "convlib.cpu.winograd:F2",
     ("cpu", "winograd4"): "convlib.cpu.winograd:F4",
+    ("sycl", "winograd"): "convlib.sycl.winograd:F4",
+    ("sycl", "winograd2"): "convlib.sycl.winograd:F2",
+    ("sycl", "winograd4"): "convlib.sycl.winograd:F4",
 }
 
 

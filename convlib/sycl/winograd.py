@@ -1,0 +1,363 @@
+"""Winograd F(2x2,3x3) and F(4x4,3x3) on a SYCL device: three transform kernels and a batched GEMM.
+
+The method (Lavin & Gray 2015; matrices from :mod:`convlib.winograd_math`), ``alpha = m + 2``, the
+same steps as :mod:`convlib.cpu.winograd`:
+
+1. **Filter transform**, once per call, one work-item per ``(k, c)``:
+   ``U[pos, k, c] = (G w[k, c] G^T)[pos]`` for the ``alpha**2`` tile positions ``pos``.
+2. Then per chunk of whole images (the batch cut so that one chunk's ``V + M`` stays under
+   :data:`CHUNK_BYTES`, at least one image):
+
+   a. The chunk's images are copied into a zero buffer of ``tiles_h*m + 2`` rows by
+      ``tiles_w*m + 2`` columns (the problem's padding, plus zeros under the partial tiles at the
+      bottom and right edges), so the input transform reads no bounds.
+   b. **Input transform**, one work-item per ``(c, tile)``, adjacent work-items on adjacent
+      tiles: ``V[pos, c, t] = (B^T d_t B)[pos]`` for the ``alpha x alpha`` tile ``d_t`` (tiles
+      overlap by 2).
+   c. **Batched GEMM** over the tile positions, per group:
+      ``M[pos, g] (Kg x T) = U[pos, g] (Kg x Cg) @ V[pos, g] (Cg x T)``, by oneMKL
+      (``dpnp.matmul``) or by the backend's own GEMM kernel (:func:`convlib.sycl.im2col.gemm_kernel`,
+      one launch per position), chosen like im2col's (``gemm=``, ``im2col.GEMM_ENGINE``,
+      ``im2col.use_gemm``, ``CONVLIB_SYCL_GEMM``).
+   d. **Output transform**, one work-item per ``(k, tile)``: ``y = A^T M_t A + bias``; the partial
+      tiles at the bottom and right edges write only their valid outputs.
+
+The 1-D transforms are generated as straight-line source from the matrices of
+:mod:`convlib.winograd_math` (zero entries dropped, +-1 entries as additions, other entries as
+FMAs with constants of the working dtype), so every product the matrices do not need is gone
+and float32 kernels stay in float32.
+
+Workspace: ``U`` (``alpha**2 * K * C/groups`` values, the filters' size times ``alpha**2 / 9``)
+plus one chunk's padded input, ``V`` and ``M``; never more than :data:`CHUNK_BYTES` for the
+chunk unless a single image needs more.
+
+Compile cost (first launch in a process, 0.2-1 s each, no on-disk cache): three transform kernels
+per ``(m, dtype)``; the GEMM kernel per ``(MB, dtype)`` is im2col's (shared with it), oneMKL needs
+none. Every size, padding and group count is a run-time argument: a new shape costs nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..problem import ConvProblem
+from ..winograd_math import transform_matrices
+from . import im2col, runtime
+from .blocking import blocking_for, register_block
+from .common import bias_or_zeros, device_empty, fused_multiply_add, launch
+
+#: Most bytes of one chunk's padded input, ``V`` and ``M`` (whole images; at least one image).
+CHUNK_BYTES = 64 * 2**20
+
+#: Work-group size along the tiles (the vectorised dimension) of the transform kernels.
+TRANSFORM_WG = 64
+
+
+# -- generated straight-line transforms ---------------------------------------------------------
+class _Source:
+    """Collects generated source lines and the typed constants they use."""
+
+    def __init__(self, dtype: str):
+        self.lines: list[str] = []
+        self.constants: dict[str, object] = {}
+        self._names: dict[float, str] = {}
+        self.scalar = np.dtype(dtype).type
+
+    def constant(self, value: float) -> str:
+        # A named global of the working dtype: a bare Python float (or int) would promote a
+        # float32 expression to float64 in numba's typing.
+        value = float(value)
+        if value not in self._names:
+            self._names[value] = f"K{len(self._names)}"
+            self.constants[self._names[value]] = self.scalar(value)
+        return self._names[value]
+
+    def combination(self, target: str, coefficients, names) -> None:
+        """``target = sum_j coefficients[j] * names[j]``, zero terms dropped, +-1 as additions."""
+        plus = [n for c, n in zip(coefficients, names) if c == 1]
+        minus = [n for c, n in zip(coefficients, names) if c == -1]
+        scaled = [(c, n) for c, n in zip(coefficients, names) if c not in (0, 1, -1)]
+        if plus:
+            expr = " + ".join(plus)
+            if minus:
+                expr += " - " + " - ".join(minus)
+        elif minus:
+            expr = "-" + " - ".join(minus)
+        elif scaled:
+            c, n = scaled.pop(0)
+            expr = f"{self.constant(c)} * {n}"
+        else:
+            expr = self.constant(0.0)
+        for c, n in scaled:
+            expr = f"fma({self.constant(c)}, {n}, {expr})"
+        self.lines.append(f"{target} = {expr}")
+
+
+def _two_sided(src: _Source, left: np.ndarray, right_t: np.ndarray, name_in, name_tmp, name_out) -> None:
+    """``out = left @ in @ right_t.T`` on named scalars, as two 1-D passes (columns, then rows)."""
+    rows_in, cols_in = left.shape[1], right_t.shape[1]
+    for i in range(left.shape[0]):
+        for j in range(cols_in):
+            src.combination(name_tmp(i, j), left[i], [name_in(k, j) for k in range(rows_in)])
+    for i in range(left.shape[0]):
+        for l in range(right_t.shape[0]):
+            src.combination(name_out(i, l), right_t[l], [name_tmp(i, j) for j in range(cols_in)])
+
+
+def _indent(lines, depth: int) -> str:
+    return "\n".join(" " * (4 * depth) + line for line in lines)
+
+
+def render_filter_transform(m: int, dtype: str) -> tuple[str, dict]:
+    """Source and constants of the filter-transform kernel ``winograd_filter_transform``."""
+    t = transform_matrices(m)
+    a = t.alpha
+    src = _Source(dtype)
+    src.lines += [f"g{r}_{s} = w[k, c, {r}, {s}]" for r in range(3) for s in range(3)]
+    _two_sided(src, t.G, t.G, lambda r, s: f"g{r}_{s}", lambda i, s: f"h{i}_{s}", lambda i, j: f"u{i}_{j}")
+    src.lines += [f"U[{i * a + j}, k, c] = u{i}_{j}" for i in range(a) for j in range(a)]
+    text = f'''
+def winograd_filter_transform(
+    nd: kapi.NdItem,
+    w,  # IN  (K, Cg, 3, 3)
+    U,  # OUT (alpha**2, K, Cg)
+):
+    k = nd.get_global_id(0)
+    c = nd.get_global_id(1)
+    if k < w.shape[0] and c < w.shape[1]:
+{_indent(src.lines, 2)}
+'''
+    return text, src.constants
+
+
+def render_input_transform(m: int, dtype: str) -> tuple[str, dict]:
+    """Source and constants of the input-transform kernel ``winograd_input_transform``."""
+    t = transform_matrices(m)
+    a = t.alpha
+    src = _Source(dtype)
+    src.lines += [f"d{i}_{j} = xp[n, c, h0 + {i}, w0 + {j}]" for i in range(a) for j in range(a)]
+    _two_sided(src, t.BT, t.BT, lambda i, j: f"d{i}_{j}", lambda i, j: f"e{i}_{j}", lambda i, j: f"v{i}_{j}")
+    src.lines += [f"V[{i * a + j}, c, tile] = v{i}_{j}" for i in range(a) for j in range(a)]
+    text = f'''
+def winograd_input_transform(
+    nd: kapi.NdItem,
+    xp,  # IN  (nb, C, tiles_h*m + 2, tiles_w*m + 2) the chunk's zero-padded images
+    V,   # OUT (alpha**2, C, T) T = nb * tiles_h * tiles_w, tile t = (n * tiles_h + ty) * tiles_w + tx
+    tiles_h_arg, tiles_w_arg,
+):
+    # max(., 1): provably positive divisors, so plain unsigned division (see direct.py).
+    tiles_h, tiles_w = max(tiles_h_arg, 1), max(tiles_w_arg, 1)
+    c = nd.get_global_id(0)
+    tile = nd.get_global_id(1)
+    if c < V.shape[1] and tile < V.shape[2]:
+        n = tile // (tiles_h * tiles_w)
+        rest = tile - n * (tiles_h * tiles_w)
+        ty = rest // tiles_w
+        tx = rest - ty * tiles_w
+        h0 = ty * {m}
+        w0 = tx * {m}
+{_indent(src.lines, 2)}
+'''
+    return text, src.constants
+
+
+def render_output_transform(m: int, dtype: str) -> tuple[str, dict]:
+    """Source and constants of the output-transform kernel ``winograd_output_transform``."""
+    t = transform_matrices(m)
+    a = t.alpha
+    src = _Source(dtype)
+    src.lines += [f"s{i}_{j} = M[{i * a + j}, k, tile]" for i in range(a) for j in range(a)]
+    _two_sided(src, t.AT, t.AT, lambda i, j: f"s{i}_{j}", lambda i, j: f"r{i}_{j}", lambda i, j: f"o{i}_{j}")
+    stores = []
+    for i in range(m):
+        stores.append(f"if p0 + {i} < P:")
+        for j in range(m):
+            stores.append(f"    if q0 + {j} < Q:")
+            stores.append(f"        y[n0 + n, k, p0 + {i}, q0 + {j}] = o{i}_{j} + b")
+    text = f'''
+def winograd_output_transform(
+    nd: kapi.NdItem,
+    M,     # IN  (alpha**2, K, T) the GEMM results of the chunk
+    bias,  # IN  (K,)
+    y,     # OUT (N, K, P, Q) only the valid outputs of the chunk's tiles
+    n0_arg, tiles_h_arg, tiles_w_arg,
+):
+    n0, tiles_h, tiles_w = max(n0_arg, 0), max(tiles_h_arg, 1), max(tiles_w_arg, 1)
+    P, Q = y.shape[2], y.shape[3]
+    k = nd.get_global_id(0)
+    tile = nd.get_global_id(1)
+    if k < M.shape[1] and tile < M.shape[2]:
+        n = tile // (tiles_h * tiles_w)
+        rest = tile - n * (tiles_h * tiles_w)
+        ty = rest // tiles_w
+        tx = rest - ty * tiles_w
+        p0 = ty * {m}
+        q0 = tx * {m}
+        b = bias[k]
+{_indent(src.lines, 2)}
+{_indent(stores, 2)}
+'''
+    return text, src.constants
+
+
+_RENDERERS = {
+    "filter": render_filter_transform,
+    "input": render_input_transform,
+    "output": render_output_transform,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def transform_kernel(which: str, m: int, dtype: str):
+    """The compiled ``which`` ("filter", "input" or "output") transform of F(m x m, 3 x 3)."""
+    mods = runtime.load()
+    text, constants = _RENDERERS[which](m, dtype)
+    namespace = {"fma": fused_multiply_add(), "kapi": mods.kapi, **constants}
+    name = f"winograd_{which}_transform"
+    exec(compile(text, f"<convlib sycl {name} F({m}x{m},3x3) {dtype}>", "exec"), namespace)
+    return mods.dpex.kernel(namespace[name])
+
+
+# -- the algorithm objects ----------------------------------------------------------------------
+class WinogradAlgorithm:
+    """Winograd F(m x m, 3 x 3) on a SYCL device; the module contract of :mod:`convlib.registry`.
+
+    Parameters
+    ----------
+    m : int
+        Output tile size: 2 (F(2x2,3x3), alpha = 4) or 4 (F(4x4,3x3), alpha = 6).
+    """
+
+    def __init__(self, m: int):
+        self.m = m
+        self.alpha = m + 2
+        self.title = f"Winograd F({m}x{m},3x3)"
+
+    def __repr__(self) -> str:
+        return f"<convlib.sycl.winograd {self.title}>"
+
+    def supports(self, problem: ConvProblem) -> str | None:
+        """None for 3x3 filters with stride 1 and dilation 1, else the reason."""
+        if problem.is_winograd_shape:
+            return None
+        return (
+            f"{self.title} needs a 3x3 filter with stride 1 and dilation 1; got "
+            f"{problem.R}x{problem.S} stride {_pair(problem.stride)} dilation {_pair(problem.dilation)}"
+        )
+
+    def tiles(self, problem: ConvProblem) -> tuple[int, int]:
+        """Tile rows and columns per image: ``ceil(P / m)``, ``ceil(Q / m)``."""
+        return -(-problem.P // self.m), -(-problem.Q // self.m)
+
+    def padded_image_shape(self, problem: ConvProblem) -> tuple[int, int]:
+        """Rows and columns of an image as the input transform reads it (zeros around)."""
+        tiles_h, tiles_w = self.tiles(problem)
+        return tiles_h * self.m + 2, tiles_w * self.m + 2
+
+    def batch_chunk(self, problem: ConvProblem, chunk_bytes: int | None = None) -> int:
+        """Images per chunk so that one chunk's padded input, ``V`` and ``M`` fit ``chunk_bytes``."""
+        chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+        tiles_h, tiles_w = self.tiles(problem)
+        hp, wp = self.padded_image_shape(problem)
+        per_image = (problem.C * hp * wp + self.alpha**2 * (problem.C + problem.K) * tiles_h * tiles_w) * problem.itemsize
+        return max(1, min(problem.N, chunk_bytes // max(per_image, 1)))
+
+    def workspace_bytes(self, problem: ConvProblem, chunk_bytes: int | None = None) -> int:
+        """Bytes allocated beyond x, w, bias and y: ``U`` plus one chunk (see :meth:`batch_chunk`)."""
+        nb = self.batch_chunk(problem, chunk_bytes)
+        tiles_h, tiles_w = self.tiles(problem)
+        hp, wp = self.padded_image_shape(problem)
+        a2 = self.alpha**2
+        values = a2 * problem.K * problem.C_per_group + nb * (
+            problem.C * hp * wp + a2 * (problem.C + problem.K) * tiles_h * tiles_w
+        )
+        return values * problem.itemsize
+
+    def conv2d(self, problem: ConvProblem, x, w, bias, device, gemm: str | None = None):
+        """The convolution of ``x`` with ``w`` on ``device`` (a ``dpctl.SyclQueue``).
+
+        Parameters
+        ----------
+        problem : ConvProblem
+        x : usm_ndarray (N, C, H, W), C-contiguous, on ``device``
+        w : usm_ndarray (K, C // groups, 3, 3)
+        bias : usm_ndarray (K,) or None
+        device : dpctl.SyclQueue
+        gemm : {"onemkl", "kernel"}, optional
+            The batched GEMM; default ``convlib.sycl.im2col.GEMM_ENGINE``.
+
+        Returns
+        -------
+        usm_ndarray (N, K, P, Q) on ``device``
+        """
+        p, m, a2 = problem, self.m, self.alpha**2
+        engine = im2col._check_engine(im2col.GEMM_ENGINE if gemm is None else gemm)
+        mods = runtime.load()
+        dpt = mods.dpt
+        y = device_empty(p.y_shape, p.dtype, device, result=True)
+        if y.size == 0:
+            return y
+        G, Kg, Cg = p.groups, p.K_per_group, p.C_per_group
+        blk = blocking_for(device.sycl_device, p.dtype)
+        U = device_empty((a2, p.K, Cg), p.dtype, device)
+        launch(transform_kernel("filter", m, p.dtype), (p.K, Cg), (1, TRANSFORM_WG), device, w, U)
+
+        tiles_h, tiles_w = self.tiles(p)
+        hp, wp = self.padded_image_shape(p)
+        top, left = p.pad_top, p.pad_left
+        nb_max = self.batch_chunk(p)
+        tiles_per_image = tiles_h * tiles_w
+        xp_buf = dpt.zeros((nb_max, p.C, hp, wp), dtype=p.dtype, sycl_queue=device)
+        V_buf = device_empty((a2 * p.C * nb_max * tiles_per_image,), p.dtype, device)
+        M_buf = device_empty((a2 * p.K * nb_max * tiles_per_image,), p.dtype, device)
+        # The image lands where the problem's padding puts it; the zeros around it (top/left
+        # padding, and bottom/right padding plus the rows and columns under partial tiles) are
+        # written once and never overwritten.
+        rows_in, cols_in = min(p.H, hp - top), min(p.W, wp - left)
+        input_transform = transform_kernel("input", m, p.dtype)
+        output_transform = transform_kernel("output", m, p.dtype)
+        bias_full = bias_or_zeros(p, bias, device)
+        if engine == "kernel":
+            mb = register_block(Kg, blk.gemm_mb)
+            multiply = im2col.gemm_kernel(mb, p.dtype)
+            zero_bias = bias_or_zeros(p, None, device)
+        else:
+            dpnp = mods.dpnp
+            U_groups = dpnp.asarray(dpt.reshape(U, (a2, G, Kg, Cg)))
+        for n0 in range(0, p.N, nb_max):
+            nb = min(nb_max, p.N - n0)
+            T = nb * tiles_per_image
+            xp = xp_buf[:nb]
+            # Rows/columns of x beyond the padded extent only feed outputs past P x Q: cut them.
+            xp[:, :, top:top + rows_in, left:left + cols_in] = x[n0:n0 + nb, :, :rows_in, :cols_in]
+            V = dpt.reshape(V_buf[: a2 * p.C * T], (a2, p.C, T))
+            M = dpt.reshape(M_buf[: a2 * p.K * T], (a2, p.K, T))
+            launch(input_transform, (p.C, T), (1, TRANSFORM_WG), device, xp, V, tiles_h, tiles_w)
+            if engine == "kernel":
+                # im2col's GEMM kernel, one position at a time: filters U[pos] (K x Cg), the
+                # "column matrix" V[pos] whose rows of group g start at g*Cg, as that kernel expects.
+                for pos in range(a2):
+                    launch(
+                        multiply, (p.K // mb, T), (1, blk.gemm_wg), device,
+                        U[pos], V[pos:pos + 1], zero_bias, M[pos:pos + 1], 0, Kg,
+                    )
+            else:
+                dpnp.matmul(
+                    U_groups,
+                    dpnp.asarray(dpt.reshape(V, (a2, G, Cg, T))),
+                    out=dpnp.asarray(dpt.reshape(M, (a2, G, Kg, T))),
+                )
+            launch(output_transform, (p.K, T), (1, TRANSFORM_WG), device, M, bias_full, y, n0, tiles_h, tiles_w)
+        return y
+
+
+def _pair(v) -> str:
+    return str(v[0]) if v[0] == v[1] else f"{v[0]}x{v[1]}"
+
+
+#: F(2x2,3x3): 16 tile positions, 2.25x fewer multiplications than direct.
+F2 = WinogradAlgorithm(2)
+#: F(4x4,3x3): 36 tile positions, 4x fewer multiplications than direct.
+F4 = WinogradAlgorithm(4)
