@@ -174,36 +174,37 @@ class ConvProblem:
         return max(1, min(self.N, cap_bytes // per_image))
 
     def workspace_bytes(self, algo: str, cap_bytes: int | None = None) -> int:
-        """Temporary memory an algorithm allocates beyond x, w, bias and y.
+        """Temporary memory the CPU implementation of ``algo`` allocates beyond x, w, bias and y.
 
         Parameters
         ----------
         algo : str
-            ``"direct"``, ``"im2col"``, ``"blis"``, ``"winograd"`` (F(4x4,3x3)),
-            ``"winograd2"`` (F(2x2,3x3)) or ``"winograd4"``.
+            ``"direct"`` (the gathered, zero-padded input planes when padding or stride need them),
+            ``"im2col"`` (one batch chunk's column matrix), ``"blis"`` (the packed panels,
+            independent of N, H and W), ``"winograd"``/``"winograd4"`` or ``"winograd2"`` (the
+            transformed filters plus one chunk of transformed tiles).
         cap_bytes : int, optional
             im2col's chunk cap (default ``convlib.options.im2col_workspace_cap``).
+
+        Notes
+        -----
+        Each figure comes from the module that allocates it, so it stays true as kernels change.
         """
-        isz = self.itemsize
-        padded = self.N * self.C * (self.H + self.padding[0] + self.padding[1]) * (
-            self.W + self.padding[2] + self.padding[3]
-        )
-        if algo == "direct":
-            # A zero-padded copy of x when padding is asked for.
-            return padded * isz if any(self.padding) else 0
         if algo == "im2col":
-            return self.im2col_batch_chunk(cap_bytes) * self.C * self.R * self.S * self.P * self.Q * isz
+            return self.im2col_batch_chunk(cap_bytes) * self.C * self.R * self.S * self.P * self.Q * self.itemsize
+        if algo == "direct":
+            from .cpu.direct import workspace_bytes
+
+            return workspace_bytes(self)
         if algo == "blis":
             from .cpu.blocking import blis_blocking
 
-            b = blis_blocking(self.dtype)
-            return b.workspace_bytes(self)
+            return blis_blocking(self.dtype).workspace_bytes(self)
         if algo in ("winograd", "winograd2", "winograd4"):
-            m = 2 if algo == "winograd2" else 4
-            alpha = m + 2
-            tiles = self.N * (-(-self.P // m)) * (-(-self.Q // m))
-            return alpha * alpha * (self.C * tiles + self.K * self.C_per_group + self.K * tiles) * isz
-        raise ValueError(f"workspace_bytes: unknown algo {algo!r}")
+            from .cpu import winograd
+
+            return (winograd.F2 if algo == "winograd2" else winograd.F4).workspace_bytes(self)
+        raise ValueError(f"workspace_bytes: algo={algo!r}; allowed are direct, im2col, blis, winograd, winograd2, winograd4")
 
     def describe(self) -> str:
         """A one-line human description, e.g. for benchmark tables."""
