@@ -36,10 +36,11 @@ new process loads the kernels from the disk cache; a new problem shape costs not
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 
 import numpy as np
-from numba import get_num_threads, njit, prange, types
+from numba import get_num_threads, njit, parallel_chunksize, prange, types
 from numba.extending import overload
 from numba.np import numpy_support
 
@@ -55,6 +56,15 @@ CHUNK_BYTES = 4 * 2**20
 #: Five rows of two AVX2 vectors (10 accumulators, 2 loads of V, the broadcasts of U) fit the
 #: 16 ymm registers; 6 x 2 vectors spilled and ran several times slower (docs/winograd.md).
 REGISTER_TILE = {"float32": (5, 16), "float64": (5, 8)}
+
+#: Workspace buffers up to this size are kept per thread between calls: a fresh multi-MB
+#: buffer costs a page fault per 4 KiB on first touch, which for the 37 MB of ``U`` of a
+#: 512-channel layer took longer than transforming the filters.
+KEEP_WORKSPACE_BYTES = 64 * 2**20
+
+#: GEMM items (one ``MR``-row block of one tile position and group each) a thread takes at a
+#: time under dynamic scheduling.
+GEMM_SCHEDULE_CHUNK = 4
 
 
 def _as_type_of(like, value):
@@ -546,6 +556,30 @@ def output_transform_kernel(m: int):
     return output_transform
 
 
+# -- workspace ----------------------------------------------------------------------------------
+_kept = threading.local()
+
+
+def _workspace(name: str, shape, dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array, reusing this thread's buffer ``name`` when it fits.
+
+    Buffers of at most :data:`KEEP_WORKSPACE_BYTES` are kept for the next call (one per name and
+    thread, so concurrent calls from several Python threads never share one).
+    """
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    if nbytes > KEEP_WORKSPACE_BYTES:
+        return np.empty(shape, dtype)
+    buffers = getattr(_kept, "buffers", None)
+    if buffers is None:
+        buffers = _kept.buffers = {}
+    raw = buffers.get(name)
+    if raw is None or raw.size < nbytes:
+        raw = buffers[name] = np.empty(max(nbytes, 1), np.uint8)
+    # The view starts where a fresh allocation of the buffer would: same alignment.
+    return raw[:nbytes].view(dtype).reshape(shape)
+
+
 # -- the algorithm objects ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class ChunkPlan:
@@ -656,23 +690,32 @@ class WinogradAlgorithm:
         a2 = self.alpha**2
         MR, NR = REGISTER_TILE[problem.dtype]
         Kg = problem.K_per_group
-        U = np.empty((a2, problem.groups, -(-Kg // MR) * MR, problem.C_per_group), dtype)
+        U = _workspace("U", (a2, problem.groups, -(-Kg // MR) * MR, problem.C_per_group), dtype)
         threads = get_num_threads()
-        filter_transform(w, U, threads)
+        # Dynamic scheduling (chunks of one part) instead of numba's static split: on a shared
+        # machine a thread that loses its core would otherwise hold up the whole pass.
+        with parallel_chunksize(1):
+            filter_transform(w, U, threads)
         plan = self.chunk_plan(problem)
-        # Flat buffers, zeroed once: each chunk views the front of them as (a2, C, Tpad), and
-        # the padding columns then hold zeros or values of an earlier chunk, never garbage.
-        V_buffer = np.zeros(a2 * problem.C * plan.padded_tiles, dtype)
-        M_buffer = np.empty(a2 * problem.K * plan.padded_tiles, dtype)
+        # Flat buffers: each chunk views the front of them as (a2, C, Tpad).
+        V_buffer = _workspace("V", (a2 * problem.C * plan.padded_tiles,), dtype)
+        M_buffer = _workspace("M", (a2 * problem.K * plan.padded_tiles,), dtype)
         bias_or_zeros = bias if bias is not None else np.zeros(problem.K, dtype)
         batched_gemm = batched_gemm_kernel(MR, NR)
         for row0, nrows, tx0, ncols in plan.chunks(problem.N):
             Tpad = -(-nrows * ncols // NR) * NR
             V = V_buffer[: a2 * problem.C * Tpad].reshape(a2, problem.C, Tpad)
             M = M_buffer[: a2 * problem.K * Tpad].reshape(a2, problem.K, Tpad)
-            input_transform(x, V, plan.tiles_h, row0, nrows, tx0, ncols, problem.pad_top, problem.pad_left, threads)
-            batched_gemm(U, V, M, Kg)
-            output_transform(M, y, bias_or_zeros, plan.tiles_h, row0, nrows, tx0, ncols, threads)
+            # The padding columns go through the GEMM (their results are never read): zeros keep
+            # stale NaNs or denormals of an earlier call out of it.
+            V[:, :, nrows * ncols:] = 0
+            with parallel_chunksize(1):
+                input_transform(x, V, plan.tiles_h, row0, nrows, tx0, ncols, problem.pad_top, problem.pad_left,
+                                threads)
+            with parallel_chunksize(GEMM_SCHEDULE_CHUNK):
+                batched_gemm(U, V, M, Kg)
+            with parallel_chunksize(1):
+                output_transform(M, y, bias_or_zeros, plan.tiles_h, row0, nrows, tx0, ncols, threads)
         return y
 
 
