@@ -206,3 +206,44 @@ def test_accuracy_float64(algo, rng):
         x, w, b = _arrays(rng, problem, scale)
         err = relative_error(algo.conv2d(problem, x, w, b, None), conv2d_reference_for(problem, x, w, b))
         assert err <= BOUND_FLOAT64, (scale, err)
+
+
+# -- the accuracy table of docs/winograd.md -----------------------------------------------------
+def accuracy_table(batch: int = 2, algos=("winograd2", "winograd4", "direct")) -> str:
+    """Markdown table of relative errors on the ResNet-50 v1.5 3x3 layers (see docs/winograd.md).
+
+    Errors are against the float64 reference of the *rounded* inputs, so they measure the
+    algorithm, not the rounding of x and w to float32. The last columns are the largest
+    ``|y - ref| / (|x| * |w|)`` over the outputs: the error relative to what an output's terms
+    could contribute, which shows small outputs next to large inputs.
+    """
+    from convlib import registry
+
+    header = (f"| layer (N={batch}, pad 1) | data | dtype | " + " | ".join(algos) + " | "
+              + " | ".join(f"{a}: max err/(abs x * abs w)" for a in algos) + " |")
+    lines = [header, "|---|---|---|" + "---|" * (2 * len(algos))]
+    for kind in ("normal", "wide-x", "wide-both"):
+        for C, H in ((64, 56), (128, 28), (256, 14), (512, 7)):
+            rng = np.random.default_rng(C)
+            p64 = ConvProblem(batch, C, H, H, C, 3, 3, padding=(1, 1, 1, 1), dtype="float64")
+            x = rng.standard_normal(p64.x_shape)
+            w = rng.standard_normal(p64.w_shape) / np.sqrt(9 * C)
+            wide = lambda a: np.sign(a) * 10.0 ** rng.uniform(-3, 3, a.shape)  # noqa: E731
+            if kind != "normal":
+                x = wide(x)
+            if kind == "wide-both":
+                w = wide(w)
+            for dtype in ("float32", "float64"):
+                p = ConvProblem(batch, C, H, H, C, 3, 3, padding=(1, 1, 1, 1), dtype=dtype)
+                xs, ws = x.astype(dtype), w.astype(dtype)
+                ref = conv2d_reference_for(p64, xs.astype(np.float64), ws.astype(np.float64))
+                scale = conv2d_reference_for(p64, np.abs(xs.astype(np.float64)), np.abs(ws.astype(np.float64)))
+                ys = [registry.implementation("cpu", a).conv2d(p, xs, ws, None, None) for a in algos]
+                rel = " | ".join(f"{relative_error(y, ref):.2e}" for y in ys)
+                worst = " | ".join(f"{np.max(np.abs(y - ref) / scale):.1e}" for y in ys)
+                lines.append(f"| {H}x{H}x{C}->{C} | {kind} | {dtype} | {rel} | {worst} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m tests.test_winograd
+    print(accuracy_table())
