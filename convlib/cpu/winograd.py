@@ -8,29 +8,35 @@ The method (Lavin & Gray 2015; matrices in :mod:`convlib.winograd_math`), ``alph
 2. Then per chunk of tiles (``T`` tiles, padded to a multiple of ``NR``):
 
    a. **Input transform** ``V[pos, c, t] = (B^T d_t B)[pos]`` for the ``alpha x alpha`` input tile
-      ``d_t`` of every tile (tiles overlap by 2; padding is read as zeros). Separable: a vertical
-      pass over whole image rows (contiguous, vectorised along the width) into an
-      ``alpha x width`` row buffer whose borders hold the zero padding, then a horizontal pass
-      vectorised along the tiles of the row.
+      ``d_t`` of every tile (tiles overlap by 2; padding is read as zeros). The input rows of all
+      tile rows of the chunk are laid end to end, so both 1-D passes (down the columns, then
+      along the rows) run along every tile of the chunk at once, however narrow the image.
    b. **Batched GEMM**, one per tile position and group:
       ``M[pos, g] (Kg x T) = U[pos, g] (Kg x Cg) @ V[pos, g] (Cg x T)``, by an ``MR x NR``
       register-tiled micro-kernel (:data:`REGISTER_TILE`) whose accumulators stay in registers.
-   c. **Output transform** ``y = A^T m_t A + bias`` per tile: horizontal pass first (vectorised
-      along the tiles), then vertical (vectorised along the output row); the partial tiles at the
-      bottom and right edges write only their valid outputs.
+   c. **Output transform** ``y = A^T m_t A + bias`` per tile, along every tile of the chunk; the
+      partial tiles at the bottom and right edges store only their existing outputs.
+
+Every 1-D pass (:func:`transform_pass`) computes blocks of columns into a stack buffer and then
+stores them, which is what lets LLVM vectorise it (see :func:`_transform_pass`).
 
 Chunks are whole tile rows (or part of one row when a single row is too big), sized so that
-``V + M`` stays near :data:`CHUNK_BYTES` whatever N, H and W are: the workspace is ``U`` plus one
-chunk (:meth:`WinogradAlgorithm.workspace_bytes`). No BLAS is called: numba's and OpenBLAS's thread
-pools fight when they alternate, and the per-position GEMMs are small.
+``V + M`` stays near :data:`CHUNK_BYTES` (or the size of ``U`` when larger) whatever N, H and W
+are: the workspace is ``U`` plus one chunk (:meth:`WinogradAlgorithm.workspace_bytes`), kept per
+thread between calls up to :data:`KEEP_WORKSPACE_BYTES`. No BLAS is called: numba's and
+OpenBLAS's thread pools fight when they alternate, and the per-position GEMMs are small.
 
 The 1-D transforms are written out by hand below (numba cannot drop a product with a zero matrix
 entry without fast-math); ``tests/test_winograd.py`` checks them against the matrices of
-:mod:`convlib.winograd_math`.
+:mod:`convlib.winograd_math`. ``docs/winograd.md`` has the measured accuracy and speed.
 
-Compilation: the transforms depend only on the dtype (shapes are run-time arguments); the GEMM is
-specialised (``lru_cache``) on its register tile. Everything is compiled with ``cache=True``, so a
-new process loads the kernels from the disk cache; a new problem shape costs nothing.
+Compilation: the transform kernels are specialised (``lru_cache``) per tile size ``m``, the GEMM
+per register tile, and all of them through the array types per dtype; shapes are run-time
+arguments, so a new problem shape costs nothing. Everything is compiled with ``cache=True``: a
+cold compile of both tile sizes and dtypes takes minutes, a new process then loads the kernels
+from the disk cache in about a second. The GEMM's micro-kernel and the passes are compiled into
+their callers' cache entries; editing them does not invalidate those (numba checks only the
+caller's bytecode): clear ``__pycache__`` after such an edit.
 """
 
 from __future__ import annotations
