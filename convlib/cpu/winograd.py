@@ -34,9 +34,9 @@ Compilation: the transform kernels are specialised (``lru_cache``) per tile size
 per register tile, and all of them through the array types per dtype; shapes are run-time
 arguments, so a new problem shape costs nothing. Everything is compiled with ``cache=True``: a
 cold compile of both tile sizes and dtypes takes minutes, a new process then loads the kernels
-from the disk cache in about a second. The GEMM's micro-kernel and the passes are compiled into
-their callers' cache entries; editing them does not invalidate those (numba checks only the
-caller's bytecode): clear ``__pycache__`` after such an edit.
+from the disk cache in about a second. The micro-kernel and the passes are compiled into their
+callers' cache entries; numba invalidates those when this file changes (it checks the file's
+time stamp), but not when :mod:`convlib.cpu.stack_buffer` does: clear ``__pycache__`` then.
 """
 
 from __future__ import annotations
