@@ -21,8 +21,11 @@ same steps as :mod:`convlib.cpu.winograd`:
       (``dpnp.matmul``) or by the backend's own GEMM kernel (:func:`convlib.sycl.im2col.gemm_kernel`,
       one launch per position), chosen like im2col's (``gemm=``, ``im2col.GEMM_ENGINE``,
       ``im2col.use_gemm``, ``CONVLIB_SYCL_GEMM``).
-   d. **Output transform**, one work-item per ``(k, tile)``: ``y = A^T M_t A + bias``; the partial
-      tiles at the bottom and right edges write only their valid outputs.
+   d. **Output transform**, one work-item per ``(k, tile)``: ``y = A^T M_t A + bias``. One kernel
+      over all tiles stores the whole tiles without per-output tests; a second, over the right
+      column and bottom row of partial tiles only (:meth:`WinogradAlgorithm.edge_blocks`),
+      stores only their valid outputs. (One kernel testing every store was 5x slower on the
+      OpenCL CPU device: the tests turn the stores into masked scatters.)
 
 The 1-D transforms are generated as straight-line source from the matrices of
 :mod:`convlib.winograd_math` (zero entries dropped, +-1 entries as additions, other entries as
@@ -33,8 +36,8 @@ Workspace: ``U`` (``alpha**2 * K * C/groups`` values, the filters' size times ``
 plus one chunk's padded input, ``V`` and ``M``; never more than :data:`CHUNK_BYTES` for the
 chunk unless a single image needs more.
 
-Compile cost (first launch in a process, 0.2-1 s each, no on-disk cache): three transform kernels
-per ``(m, dtype)`` and the padding copy per dtype; the GEMM kernel per ``(MB, dtype)`` is im2col's (shared with it), oneMKL needs
+Compile cost (first launch in a process, 0.2-1 s each, no on-disk cache): four transform kernels
+per ``(m, dtype)`` (filter, input, output for whole tiles, output for partial tiles) and the padding copy per dtype; the GEMM kernel per ``(MB, dtype)`` is im2col's (shared with it), oneMKL needs
 none. Every size, padding and group count is a run-time argument: a new shape costs nothing.
 """
 
@@ -165,27 +168,23 @@ def winograd_input_transform(
     return text, src.constants
 
 
-def render_output_transform(m: int, dtype: str) -> tuple[str, dict]:
-    """Source and constants of the output-transform kernel ``winograd_output_transform``."""
+def render_output_transform(m: int, dtype: str, guarded: bool = True) -> tuple[str, dict]:
+    """Source and constants of the output-transform kernel ``winograd_output_transform``.
+
+    ``guarded=False`` stores every output of a tile: only for launches over whole tiles.
+    """
     t = transform_matrices(m)
     a = t.alpha
     src = _Source(dtype)
     src.lines += [f"s{i}_{j} = M[{i * a + j}, k, tile]" for i in range(a) for j in range(a)]
     _two_sided(src, t.AT, t.AT, lambda i, j: f"s{i}_{j}", lambda i, j: f"r{i}_{j}", lambda i, j: f"o{i}_{j}")
-    stores = []
-    for i in range(m):
-        stores.append(f"if p0 + {i} < P:")
-        for j in range(m):
-            stores.append(f"    if q0 + {j} < Q:")
-            stores.append(f"        y[n0 + n, k, p0 + {i}, q0 + {j}] = o{i}_{j} + b")
-    text = f'''
-def winograd_output_transform(
-    nd: kapi.NdItem,
-    M,     # IN  (alpha**2, K, T) the GEMM results of the chunk
-    bias,  # IN  (K,)
-    y,     # OUT (N, K, P, Q) only the valid outputs of the chunk's tiles
-    n0_arg, tiles_h_arg, tiles_w_arg,
-):
+    if not guarded:
+        # Every tile of the chunk, the whole ones storing without per-output tests (5x faster
+        # than testing each store, which makes them masked scatters; a branch between the two
+        # inside one kernel, even on a uniform argument, was as slow). Work-item = tile, so the
+        # loads of M stay contiguous across work-items.
+        args = "n0_arg, tiles_h_arg, tiles_w_arg,"
+        mapping = """
     n0, tiles_h, tiles_w = max(n0_arg, 0), max(tiles_h_arg, 1), max(tiles_w_arg, 1)
     P, Q = y.shape[2], y.shape[3]
     k = nd.get_global_id(0)
@@ -194,7 +193,39 @@ def winograd_output_transform(
         n = tile // (tiles_h * tiles_w)
         rest = tile - n * (tiles_h * tiles_w)
         ty = rest // tiles_w
-        tx = rest - ty * tiles_w
+        tx = rest - ty * tiles_w"""
+        stores = [f"if p0 + {m} <= P and q0 + {m} <= Q:"]
+        stores += [f"    y[n0 + n, k, p0 + {i}, q0 + {j}] = o{i}_{j} + b" for i in range(m) for j in range(m)]
+    else:
+        # The partial tiles only: tile rows ty0 .. ty0 + block_h - 1, columns tx0 .. + block_w - 1
+        # of every image of the chunk, each store tested.
+        args = "n0_arg, tiles_h_arg, tiles_w_arg, ty0_arg, tx0_arg, block_h_arg, block_w_arg,"
+        mapping = """
+    n0, tiles_h, tiles_w = max(n0_arg, 0), max(tiles_h_arg, 1), max(tiles_w_arg, 1)
+    ty0, tx0, block_h, block_w = max(ty0_arg, 0), max(tx0_arg, 0), max(block_h_arg, 1), max(block_w_arg, 1)
+    P, Q = y.shape[2], y.shape[3]
+    k = nd.get_global_id(0)
+    item = nd.get_global_id(1)
+    if k < M.shape[1] and item < (M.shape[2] // (tiles_h * tiles_w)) * (block_h * block_w):
+        n = item // (block_h * block_w)
+        rest = item - n * (block_h * block_w)
+        ty = ty0 + rest // block_w
+        tx = tx0 + rest - (rest // block_w) * block_w
+        tile = (n * tiles_h + ty) * tiles_w + tx"""
+        stores = []
+        for i in range(m):
+            stores.append(f"if p0 + {i} < P:")
+            for j in range(m):
+                stores.append(f"    if q0 + {j} < Q:")
+                stores.append(f"        y[n0 + n, k, p0 + {i}, q0 + {j}] = o{i}_{j} + b")
+    text = f'''
+def winograd_output_transform(
+    nd: kapi.NdItem,
+    M,     # IN  (alpha**2, K, T) the GEMM results of the chunk
+    bias,  # IN  (K,)
+    y,     # OUT (N, K, P, Q) only the valid outputs of the chunk's tiles
+    {args}
+):{mapping}
         p0 = ty * {m}
         q0 = tx * {m}
         b = bias[k]
@@ -212,10 +243,16 @@ _RENDERERS = {
 
 
 @functools.lru_cache(maxsize=None)
-def transform_kernel(which: str, m: int, dtype: str):
-    """The compiled ``which`` ("filter", "input" or "output") transform of F(m x m, 3 x 3)."""
+def transform_kernel(which: str, m: int, dtype: str, guarded: bool = True):
+    """The compiled ``which`` ("filter", "input" or "output") transform of F(m x m, 3 x 3).
+
+    ``guarded`` only matters for "output" (see :func:`render_output_transform`).
+    """
     mods = runtime.load()
-    text, constants = _RENDERERS[which](m, dtype)
+    if which == "output":
+        text, constants = render_output_transform(m, dtype, guarded)
+    else:
+        text, constants = _RENDERERS[which](m, dtype)
     namespace = {"fma": fused_multiply_add(), "kapi": mods.kapi, **constants}
     name = f"winograd_{which}_transform"
     exec(compile(text, f"<convlib sycl {name} F({m}x{m},3x3) {dtype}>", "exec"), namespace)
@@ -297,6 +334,21 @@ class WinogradAlgorithm:
         tiles_h, tiles_w = self.tiles(problem)
         return tiles_h * self.m + 2, tiles_w * self.m + 2
 
+    def edge_blocks(self, problem: ConvProblem) -> list[tuple[int, int, int, int]]:
+        """The partial tiles as ``(ty0, tx0, tile rows, tile columns)`` blocks of every image.
+
+        The right column of tiles when ``Q`` is not a multiple of ``m``, the bottom row (less
+        that column) when ``P`` is not; each is one launch of the guarded output transform.
+        """
+        tiles_h, tiles_w = self.tiles(problem)
+        whole_h, whole_w = problem.P // self.m, problem.Q // self.m
+        blocks = []
+        if whole_w < tiles_w:
+            blocks.append((0, whole_w, tiles_h, tiles_w - whole_w))
+        if whole_h < tiles_h and whole_w:
+            blocks.append((whole_h, 0, tiles_h - whole_h, whole_w))
+        return blocks
+
     def batch_chunk(self, problem: ConvProblem, chunk_bytes: int | None = None) -> int:
         """Images per chunk so that one chunk's padded input, ``V`` and ``M`` fit ``chunk_bytes``."""
         chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
@@ -353,8 +405,10 @@ class WinogradAlgorithm:
         V_buf = device_empty((a2 * p.C * nb_max * tiles_per_image,), p.dtype, device)
         M_buf = device_empty((a2 * p.K * nb_max * tiles_per_image,), p.dtype, device)
         pad_images = pad_images_kernel()
+        edge_blocks = self.edge_blocks(p)
         input_transform = transform_kernel("input", m, p.dtype)
-        output_transform = transform_kernel("output", m, p.dtype)
+        output_whole = transform_kernel("output", m, p.dtype, False)
+        output_edges = transform_kernel("output", m, p.dtype, True) if edge_blocks else None
         bias_full = bias_or_zeros(p, bias, device)
         if engine == "kernel":
             mb = register_block(Kg, blk.gemm_mb)
@@ -385,7 +439,10 @@ class WinogradAlgorithm:
                     dpnp.asarray(dpt.reshape(V, (a2, G, Cg, T))),
                     out=dpnp.asarray(dpt.reshape(M, (a2, G, Kg, T))),
                 )
-            launch(output_transform, (p.K, T), (1, TRANSFORM_WG), device, M, bias_full, y, n0, tiles_h, tiles_w)
+            launch(output_whole, (p.K, T), (1, TRANSFORM_WG), device, M, bias_full, y, n0, tiles_h, tiles_w)
+            for ty0, tx0, block_h, block_w in edge_blocks:
+                launch(output_edges, (p.K, nb * block_h * block_w), (1, TRANSFORM_WG), device,
+                       M, bias_full, y, n0, tiles_h, tiles_w, ty0, tx0, block_h, block_w)
         return y
 
 
