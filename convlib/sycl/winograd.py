@@ -37,7 +37,8 @@ plus one chunk's padded input, ``V`` and ``M``; never more than :data:`CHUNK_BYT
 chunk unless a single image needs more.
 
 Compile cost (first launch in a process, 0.2-1 s each, no on-disk cache): four transform kernels
-per ``(m, dtype)`` (filter, input, output for whole tiles, output for partial tiles) and the padding copy per dtype; the GEMM kernel per ``(MB, dtype)`` is im2col's (shared with it), oneMKL needs
+per ``(m, dtype)`` (filter, input, output of whole tiles, output of partial tiles) and the
+padding copy; the GEMM kernel per ``(MB, dtype)`` is im2col's (shared with it), oneMKL needs
 none. Every size, padding and group count is a run-time argument: a new shape costs nothing.
 """
 
