@@ -64,7 +64,7 @@ def test_devices_lists_sycl_devices(mods):
 def test_algorithms_per_device(mods, device):
     if not mods.dpctl.get_devices(device.split(":")[0], "cpu") and device != "sycl":
         pytest.skip(f"no {device} device here")
-    assert convlib.algorithms(device) == ["direct", "im2col", "blis"]
+    assert convlib.algorithms(device) == ["direct", "im2col", "blis", "winograd", "winograd2", "winograd4"]
 
 
 # -- device= forms and result kinds --------------------------------------------------------------
