@@ -65,7 +65,15 @@ def _sycl_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     if _is_thin(problem):
         return [("direct", f"thin GEMM (M={problem.gemm_m}, K={problem.gemm_k}): memory-bound, "
                            "direct streams the image once")]
-    return [("im2col", "GEMM-shaped problem: explicit im2col then a tuned device GEMM")]
+    rules = []
+    if _winograd_pays(problem):
+        # On the OpenCL CPU device F(4x4) won on 56^2 and 28^2 images, F(2x2) on 14^2 and 7^2,
+        # where F(4x4)'s 6x6 tiles are mostly padding (docs/benchmarks.md).
+        if problem.P * problem.Q >= 28 * 28:
+            rules.append(("winograd", "3x3 stride-1 layer on a large image: F(4x4,3x3), 4x fewer multiplications"))
+        rules.append(("winograd2", "3x3 stride-1 layer on a small image: F(2x2,3x3) wastes less on partial tiles"))
+    rules.append(("im2col", "GEMM-shaped problem: explicit im2col then a tuned device GEMM"))
+    return rules
 
 
 def _cuda_rules(problem: ConvProblem) -> list[tuple[str, str]]:
@@ -155,7 +163,8 @@ def choose_algorithm(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups
        once.
     4. On the CPU, 3x3 stride-1 layers with at least 32 input and output channels per group and at
        least 256 output pixels go to Winograd F(4x4,3x3), which measured 1.3-2x faster than the
-       best GEMM-based algorithm on ResNet-50's 3x3 layers.
+       best GEMM-based algorithm on ResNet-50's 3x3 layers. On SYCL devices the same layers go to
+       F(4x4,3x3) from 28x28 outputs up and to F(2x2,3x3) below.
     5. Otherwise the GEMM-based algorithm that measured fastest on the backend: ``blis`` on the
        CPU, ``im2col`` on SYCL devices, ``blis`` (implicit GEMM) on CUDA GPUs, where ``direct`` is
        kept for depthwise layers and for ``C/groups <= 16`` with ``K/groups <= 32``.
