@@ -33,7 +33,7 @@ def problems(draw):
 
 
 @pytest.mark.parametrize("backend, algo", all_pairs())
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(problem=problems(), seed=st.integers(0, 2**32 - 1))
 def test_random_problems(backend, algo, problem, seed):
     device = device_for(backend)
