@@ -57,6 +57,11 @@ def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     rules = []
     if _winograd_pays(problem):
         rules.append(("winograd", "3x3 stride-1 layer with many channels: F(4x4,3x3) does 4x fewer multiplications"))
+    # Measured on ResNet-50 v1.5 at batch 8 (docs/benchmarks.md): with at most 256 filters per group
+    # and a reduction of at most 512, packing B costs blis more than direct's re-reads of the image
+    # (the stem and the 1x1 layers of stages 2-4); past that, blis' register blocking wins.
+    if problem.K_per_group <= 256 and problem.gemm_k <= 512:
+        rules.append(("direct", "few filters and a short reduction: direct beats packing for a GEMM"))
     rules.append(("blis", "GEMM-shaped problem: the packed BLIS GEMM reads the image directly, with bounded workspace"))
     return rules
 
@@ -165,7 +170,9 @@ def choose_algorithm(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups
        least 256 output pixels go to Winograd F(4x4,3x3), which measured 1.3-2x faster than the
        best GEMM-based algorithm on ResNet-50's 3x3 layers. On SYCL devices the same layers go to
        F(4x4,3x3) from 28x28 outputs up and to F(2x2,3x3) below.
-    5. Otherwise the GEMM-based algorithm that measured fastest on the backend: ``blis`` on the
+    5. On the CPU, other layers with at most 256 output channels per group and a reduction
+       ``C/groups * R * S <= 512`` go to ``direct`` (ResNet's stem and most 1x1 layers).
+    6. Otherwise the GEMM-based algorithm that measured fastest on the backend: ``blis`` on the
        CPU, ``im2col`` on SYCL devices, ``blis`` (implicit GEMM) on CUDA GPUs, where ``direct`` is
        kept for depthwise layers and for ``C/groups <= 16`` with ``K/groups <= 32``.
     """
