@@ -1,6 +1,6 @@
 """Everything the CUDA backend needs from a GPU machine, in one command.
 
-    pip install --no-deps -e . && python -m convlib.cuda.gpu_check --out "$OUT"
+    pip install --no-deps --no-build-isolation -e . && python -m convlib.cuda.gpu_check --out "$OUT"
 
 Steps (each can be skipped):
 
