@@ -223,3 +223,33 @@ def winograd_correlate_tile(d: np.ndarray, g: np.ndarray, m: int) -> np.ndarray:
     U = t.G @ g @ t.G.T
     V = t.BT @ d @ t.BT.T
     return t.AT @ (U * V) @ t.AT.T
+
+
+class WinogradTile:
+    """What every backend's Winograd F(m x m, 3 x 3) object shares: its tile and which problems it serves.
+
+    Backends subclass it and add ``conv2d`` (the module contract of :mod:`convlib.registry`).
+
+    Parameters
+    ----------
+    m : int
+        Output tile size: 2 (F(2x2,3x3), alpha = 4) or 4 (F(4x4,3x3), alpha = 6).
+    """
+
+    def __init__(self, m: int):
+        self.m = m
+        self.alpha = m + 2
+        self.title = f"Winograd F({m}x{m},3x3)"
+
+    def supports(self, problem) -> str | None:
+        """None for 3x3 filters with stride 1 and dilation 1, else the reason."""
+        if problem.is_winograd_shape:
+            return None
+        return (
+            f"{self.title} needs a 3x3 filter with stride 1 and dilation 1; got "
+            f"{problem.R}x{problem.S} stride {_pair(problem.stride)} dilation {_pair(problem.dilation)}"
+        )
+
+
+def _pair(v) -> str:
+    return str(v[0]) if v[0] == v[1] else f"{v[0]}x{v[1]}"

@@ -28,7 +28,7 @@ OpenBLAS's thread pools fight when they alternate, and the per-position GEMMs ar
 
 The 1-D transforms are written out by hand below (numba cannot drop a product with a zero matrix
 entry without fast-math); ``tests/test_winograd.py`` checks them against the matrices of
-:mod:`convlib.winograd_math`. ``docs/winograd.md`` has the measured accuracy and speed.
+:mod:`convlib.winograd_math`. ``docs/algorithms.md`` has the measured accuracy and speed.
 
 Compilation: the transform kernels are specialised (``lru_cache``) per tile size ``m``, the GEMM
 per register tile, and all of them through the array types per dtype; shapes are run-time
@@ -50,6 +50,7 @@ from numba import get_num_threads, njit, parallel_chunksize, prange, types
 from numba.extending import overload
 from numba.np import numpy_support
 
+from ..winograd_math import WinogradTile
 from .stack_buffer import stack_array_2d
 
 uintp = np.uintp
@@ -617,7 +618,7 @@ class ChunkPlan:
                 yield row0, nrows, tx0, min(self.cols, self.tiles_w - tx0)
 
 
-class WinogradAlgorithm:
+class WinogradAlgorithm(WinogradTile):
     """Winograd F(m x m, 3 x 3) on the CPU; exposes the module contract of :mod:`convlib.registry`.
 
     Parameters
@@ -626,22 +627,8 @@ class WinogradAlgorithm:
         Output tile size: 2 (F(2x2,3x3), alpha = 4) or 4 (F(4x4,3x3), alpha = 6).
     """
 
-    def __init__(self, m: int):
-        self.m = m
-        self.alpha = m + 2
-        self.title = f"Winograd F({m}x{m},3x3)"
-
     def __repr__(self) -> str:
         return f"<convlib.cpu.winograd {self.title}>"
-
-    def supports(self, problem) -> str | None:
-        """None for 3x3 filters with stride 1 and dilation 1, else the reason."""
-        if problem.is_winograd_shape:
-            return None
-        return (
-            f"{self.title} needs a 3x3 filter with stride 1 and dilation 1; got "
-            f"{problem.R}x{problem.S} stride {_pair(problem.stride)} dilation {_pair(problem.dilation)}"
-        )
 
     def chunk_plan(self, problem, chunk_bytes: int | None = None) -> ChunkPlan:
         """The chunking of ``problem``'s tiles that keeps ``V + M`` near ``chunk_bytes``.
@@ -724,9 +711,6 @@ class WinogradAlgorithm:
                 output_transform(M, y, bias_or_zeros, plan.tiles_h, row0, nrows, tx0, ncols, threads)
         return y
 
-
-def _pair(v) -> str:
-    return str(v[0]) if v[0] == v[1] else f"{v[0]}x{v[1]}"
 
 
 #: F(2x2,3x3): 16 tile positions, 2.25x fewer multiplications than direct.

@@ -49,7 +49,7 @@ import functools
 import numpy as np
 
 from ..problem import ConvProblem
-from ..winograd_math import transform_matrices
+from ..winograd_math import WinogradTile, transform_matrices
 from . import im2col, runtime
 from .blocking import blocking_for, register_block
 from .common import bias_or_zeros, device_empty, fused_multiply_add, launch
@@ -300,7 +300,7 @@ def pad_images_kernel():
 
 
 # -- the algorithm objects ----------------------------------------------------------------------
-class WinogradAlgorithm:
+class WinogradAlgorithm(WinogradTile):
     """Winograd F(m x m, 3 x 3) on a SYCL device; the module contract of :mod:`convlib.registry`.
 
     Parameters
@@ -309,22 +309,8 @@ class WinogradAlgorithm:
         Output tile size: 2 (F(2x2,3x3), alpha = 4) or 4 (F(4x4,3x3), alpha = 6).
     """
 
-    def __init__(self, m: int):
-        self.m = m
-        self.alpha = m + 2
-        self.title = f"Winograd F({m}x{m},3x3)"
-
     def __repr__(self) -> str:
         return f"<convlib.sycl.winograd {self.title}>"
-
-    def supports(self, problem: ConvProblem) -> str | None:
-        """None for 3x3 filters with stride 1 and dilation 1, else the reason."""
-        if problem.is_winograd_shape:
-            return None
-        return (
-            f"{self.title} needs a 3x3 filter with stride 1 and dilation 1; got "
-            f"{problem.R}x{problem.S} stride {_pair(problem.stride)} dilation {_pair(problem.dilation)}"
-        )
 
     def tiles(self, problem: ConvProblem) -> tuple[int, int]:
         """Tile rows and columns per image: ``ceil(P / m)``, ``ceil(Q / m)``."""
@@ -446,9 +432,6 @@ class WinogradAlgorithm:
                        M, bias_full, y, n0, tiles_h, tiles_w, ty0, tx0, block_h, block_w)
         return y
 
-
-def _pair(v) -> str:
-    return str(v[0]) if v[0] == v[1] else f"{v[0]}x{v[1]}"
 
 
 #: F(2x2,3x3): 16 tile positions, 2.25x fewer multiplications than direct.
