@@ -1,0 +1,62 @@
+"""Copies into host-accessible USM on a CPU device, done by the host's threads.
+
+On the OpenCL CPU device, shared USM is ordinary host RAM that numpy can address
+(:func:`convlib.sycl.common.host_view`), so moving data into it needs no device kernel.
+Measured on the seed shape (8 x 4 x 1024 x 1024 float32, 128 MiB, 2 threads):
+
+- numpy's ``np.copyto`` into fresh shared USM: ~19 ms (one thread, page faults included);
+- dpctl.tensor's ``zeros`` + strided assignment for a one-pixel zero border: ~210 ms;
+- these numba loops over both threads: see ``docs/devices.md`` for the figures.
+
+Both functions take numpy views of the USM memory; the caller waits for the queue first.
+"""
+
+from __future__ import annotations
+
+from numba import njit, prange
+
+
+@njit(parallel=True, cache=True)
+def copy_into(source, target):
+    """``target[...] = source`` for two C-contiguous arrays of the same shape and dtype.
+
+    Parameters
+    ----------
+    source : numpy.ndarray             # IN
+    target : numpy.ndarray             # OUT every element written
+    """
+    src = source.reshape(-1)
+    dst = target.reshape(-1)
+    # Chunks of 64 KiB elements: large enough to stream, many enough to balance two threads.
+    chunk = 1 << 16
+    chunks = (src.size + chunk - 1) // chunk
+    for i in prange(chunks):
+        start = i * chunk
+        stop = min(src.size, start + chunk)
+        for j in range(start, stop):
+            dst[j] = src[j]
+
+
+@njit(parallel=True, cache=True)
+def pad_into(source, top, left, target):
+    """``target`` = ``source`` (N, C, H, W) inside a zero border; ``target`` is (N, C, Hp, Wp).
+
+    Parameters
+    ----------
+    source : (N, C, H, W) numpy.ndarray     # IN
+    top, left : int                         # IN rows above / columns left of the image
+    target : (N, C, Hp, Wp) numpy.ndarray   # OUT every element written
+    """
+    N, C, H, W = source.shape
+    Hp, Wp = target.shape[2], target.shape[3]
+    for plane in prange(N * C):
+        n = plane // C
+        c = plane - n * C
+        for h in range(Hp):
+            row = h - top
+            if row < 0 or row >= H:
+                target[n, c, h, :] = 0
+            else:
+                target[n, c, h, :left] = 0
+                target[n, c, h, left:left + W] = source[n, c, row, :]
+                target[n, c, h, left + W:] = 0
