@@ -163,3 +163,17 @@ def test_cli_custom_smoke(tmp_path, capsys):
     png.unlink()
     assert main(["--replot", str(json_path), "--plot"]) == 0
     assert png.exists()
+
+
+def test_gemm_check_times_the_same_product_three_ways():
+    """The "blis gemm" candidate is the layer's GEMM (M x K by K x N) through the blis driver:
+    its answer is numpy's ``a @ b``, and the conv candidate answers the layer itself."""
+    from convlib.bench import gemm_check
+
+    calls, (M, N, K), flops = gemm_check.layer_calls("s5 3x3 512>512", batch=1)
+    assert (M, N, K) == (512, 49, 4608) and flops == 2 * M * N * K
+    product = calls["numpy matmul"]()
+    via_blis = calls["blis gemm"]()
+    assert via_blis.shape == (1, M, 1, N)
+    np.testing.assert_allclose(via_blis.reshape(M, N), product, rtol=1e-4, atol=1e-3)
+    assert calls["blis conv"]().shape == (1, 512, 7, 7)
