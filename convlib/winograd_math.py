@@ -42,7 +42,7 @@ F(4x4,3x3)      0, 1, -1, 2, -2, inf    none: the Lagrange denominators 4, -6, -
 ==============  ======================  =====================================================
 
 Accuracy: the integer ``B^T``/``A^T`` of F(4x4,3x3) amplify the rounding error of the GEMM by the
-growth of their entries (up to 8 and 5, squared in 2-D); ``docs/winograd.md`` has the measured
+growth of their entries (up to 8 and 5, squared in 2-D); ``docs/algorithms.md`` (Winograd section) has the measured
 figures. Everything in this module is plain Python/numpy, usable by every backend.
 """
 

@@ -1,6 +1,6 @@
 """Winograd F(2x2,3x3) and F(4x4,3x3): the transform matrices, the CPU kernels, the accuracy bounds.
 
-The accuracy bounds enforced here are the ones documented in ``docs/winograd.md`` (relative
+The accuracy bounds enforced here are the ones documented in ``docs/algorithms.md`` (Winograd section) (relative
 Frobenius error against the float64 reference).
 """
 
@@ -19,10 +19,10 @@ from .reference import conv2d_reference_for, relative_error
 
 cpu_winograd = pytest.importorskip("convlib.cpu.winograd")
 
-#: Documented bounds (docs/winograd.md): float32 on N(0, 1) data, and float64.
+#: Documented bounds (docs/algorithms.md, Winograd section): float32 on N(0, 1) data, and float64.
 BOUND_FLOAT32 = {2: 1e-5, 4: 1e-4}
 BOUND_FLOAT64 = 1e-11
-#: float32 on log-uniform magnitudes 1e-3..1e3 with random signs (measured: see docs/winograd.md).
+#: float32 on log-uniform magnitudes 1e-3..1e3 with random signs (measured: see docs/algorithms.md (its Winograd section)).
 BOUND_FLOAT32_WIDE_RANGE = {2: 1e-5, 4: 1e-4}
 
 ALGOS = [pytest.param(cpu_winograd.F2, id="F2"), pytest.param(cpu_winograd.F4, id="F4")]
@@ -182,7 +182,7 @@ def test_empty_batch(algo):
     assert y.shape == (0, 3, 5, 5)
 
 
-# -- accuracy bounds (docs/winograd.md) --------------------------------------------------------
+# -- accuracy bounds (docs/algorithms.md, Winograd section) --------------------------------------------------------
 ACCURACY_LAYERS = [
     ConvProblem(1, 64, 56, 56, 64, 3, 3, padding=(1, 1, 1, 1)),
     ConvProblem(1, 256, 14, 14, 256, 3, 3, padding=(1, 1, 1, 1)),
@@ -208,9 +208,9 @@ def test_accuracy_float64(algo, rng):
         assert err <= BOUND_FLOAT64, (scale, err)
 
 
-# -- the accuracy table of docs/winograd.md -----------------------------------------------------
+# -- the accuracy table of docs/algorithms.md (its Winograd section) -----------------------------------------------------
 def accuracy_table(batch: int = 2, algos=("winograd2", "winograd4", "direct")) -> str:
-    """Markdown table of relative errors on the ResNet-50 v1.5 3x3 layers (see docs/winograd.md).
+    """Markdown table of relative errors on the ResNet-50 v1.5 3x3 layers (see docs/algorithms.md (its Winograd section)).
 
     Errors are against the float64 reference of the *rounded* inputs, so they measure the
     algorithm, not the rounding of x and w to float32. The last columns are the largest

@@ -61,7 +61,7 @@ CHUNK_BYTES = 4 * 2**20
 
 #: Register tile of the GEMM micro-kernel per dtype: ``(MR, NR)`` = output channels x tiles.
 #: Five rows of two AVX2 vectors (10 accumulators, 2 loads of V, the broadcasts of U) fit the
-#: 16 ymm registers; 6 x 2 vectors spilled and ran several times slower (docs/winograd.md).
+#: 16 ymm registers; 6 x 2 vectors spilled and ran several times slower (docs/algorithms.md, Winograd section).
 REGISTER_TILE = {"float32": (5, 16), "float64": (5, 8)}
 
 #: Workspace buffers up to this size are kept per thread between calls: a fresh multi-MB
