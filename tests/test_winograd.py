@@ -22,7 +22,7 @@ cpu_winograd = pytest.importorskip("convlib.cpu.winograd")
 #: Documented bounds (docs/algorithms.md, Winograd section): float32 on N(0, 1) data, and float64.
 BOUND_FLOAT32 = {2: 1e-5, 4: 1e-4}
 BOUND_FLOAT64 = 1e-11
-#: float32 on log-uniform magnitudes 1e-3..1e3 with random signs (measured: see docs/algorithms.md (its Winograd section)).
+#: float32 on log-uniform magnitudes 1e-3..1e3 with random signs (measured: see the Winograd section of docs/algorithms.md).
 BOUND_FLOAT32_WIDE_RANGE = {2: 1e-5, 4: 1e-4}
 
 ALGOS = [pytest.param(cpu_winograd.F2, id="F2"), pytest.param(cpu_winograd.F4, id="F4")]
@@ -208,9 +208,9 @@ def test_accuracy_float64(algo, rng):
         assert err <= BOUND_FLOAT64, (scale, err)
 
 
-# -- the accuracy table of docs/algorithms.md (its Winograd section) -----------------------------------------------------
+# -- the accuracy table of the Winograd section of docs/algorithms.md -----------------------------------------------------
 def accuracy_table(batch: int = 2, algos=("winograd2", "winograd4", "direct")) -> str:
-    """Markdown table of relative errors on the ResNet-50 v1.5 3x3 layers (see docs/algorithms.md (its Winograd section)).
+    """Markdown table of relative errors on the ResNet-50 v1.5 3x3 layers (see the Winograd section of docs/algorithms.md).
 
     Errors are against the float64 reference of the *rounded* inputs, so they measure the
     algorithm, not the rounding of x and w to float32. The last columns are the largest
