@@ -4,6 +4,7 @@
 >>> convlib.options.im2col_workspace_cap = 64 * 2**20       # bytes
 >>> with convlib.option_context(im2col_workspace_cap=16 * 2**20):
 ...     pass                                                # temporarily 16 MiB
+>>> convlib.options.output_cache_bytes = 0                  # no reuse of dropped outputs
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ from dataclasses import dataclass, fields
 from .problem import IM2COL_WORKSPACE_CAP
 
 
-def _env_mib(name: str, default_mib: int) -> int:
+#: Default of ``Options.output_cache_bytes``.
+OUTPUT_CACHE_BYTES = 512 * 2**20
+
+
+def _env_mib(name: str, default_mib: int, *, allow_zero: bool = False) -> int:
     raw = os.environ.get(name)
     if raw is None:
         return default_mib * 2**20
@@ -23,8 +28,9 @@ def _env_mib(name: str, default_mib: int) -> int:
         value = float(raw)
     except ValueError:
         raise ValueError(f"environment variable {name}={raw!r} must be a number of MiB") from None
-    if value <= 0:
-        raise ValueError(f"environment variable {name}={raw!r} must be a positive number of MiB")
+    if value < 0 or (value == 0 and not allow_zero):
+        kind = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"environment variable {name}={raw!r} must be a {kind} number of MiB")
     return int(value * 2**20)
 
 
@@ -38,17 +44,28 @@ class Options:
         Upper bound, in bytes, on im2col's column matrix: the batch is processed in chunks of
         images whose column matrices fit (at least one image per chunk). Default 256 MiB, or the
         environment variable ``CONVLIB_IM2COL_WORKSPACE_MB`` (MiB) when set at import.
+    output_cache_bytes : int
+        Bytes of dropped CPU outputs (of at least 32 MiB each) kept for reuse by later calls of
+        the same size, which then skip the page faults of fresh memory
+        (:mod:`convlib.output_cache`); 0 turns the reuse off. Default 512 MiB, or
+        ``CONVLIB_OUTPUT_CACHE_MB`` (MiB) when set at import.
     """
 
     im2col_workspace_cap: int = IM2COL_WORKSPACE_CAP
+    output_cache_bytes: int = OUTPUT_CACHE_BYTES
 
     def __setattr__(self, name, value):
         if name == "im2col_workspace_cap" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"im2col_workspace_cap={value!r} must be a positive int (bytes)")
+        if name == "output_cache_bytes" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"output_cache_bytes={value!r} must be a non-negative int (bytes)")
         object.__setattr__(self, name, value)
 
 
-options = Options(im2col_workspace_cap=_env_mib("CONVLIB_IM2COL_WORKSPACE_MB", IM2COL_WORKSPACE_CAP // 2**20))
+options = Options(
+    im2col_workspace_cap=_env_mib("CONVLIB_IM2COL_WORKSPACE_MB", IM2COL_WORKSPACE_CAP // 2**20),
+    output_cache_bytes=_env_mib("CONVLIB_OUTPUT_CACHE_MB", OUTPUT_CACHE_BYTES // 2**20, allow_zero=True),
+)
 
 
 @contextmanager

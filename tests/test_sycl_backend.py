@@ -15,7 +15,7 @@ import pytest
 import convlib
 from convlib.backends import BackendUnavailable
 
-from .reference import TOLERANCE, conv2d_reference_for, relative_error
+from .reference import TOLERANCE, conv2d_reference, conv2d_reference_for, relative_error
 
 pytestmark = [
     pytest.mark.sycl,
@@ -182,3 +182,51 @@ def test_unavailable_backend_message(monkeypatch, data):
     monkeypatch.setattr(backend, "BACKEND", fake)
     with pytest.raises(BackendUnavailable, match=r'pip install -e "\.\[sycl\]"'):
         conv(x, w, b, device="sycl")
+
+
+def test_cpu_device_results_reuse_dropped_memory(mods, monkeypatch):
+    """Shared-USM results on a CPU device go through convlib.output_cache: memory still reachable
+    from any array (a usm_ndarray slice, a numpy view) is never handed out again; dropped memory
+    is, and results stay right through the reuse."""
+    import gc
+
+    from convlib import output_cache
+    from convlib.sycl import common
+
+    monkeypatch.setattr(output_cache, "MIN_BYTES", 1)
+    output_cache.clear()
+    try:
+        q = mods.dpt.empty(1).sycl_queue  # the default queue, which device="sycl" uses
+        if not q.sycl_device.is_cpu:
+            pytest.skip("the default SYCL device is not a CPU")
+
+        def address(a):
+            return a.__sycl_usm_array_interface__["data"][0]
+
+        a = common.device_empty((64, 64), "float32", q, result=True)
+        where = address(a)
+        view = common.host_view(a)
+        view[...] = 5
+        row = a[3]
+        del a
+        gc.collect()
+        b = common.device_empty((64, 64), "float32", q, result=True)
+        assert address(b) != where
+        assert float(mods.dpt.asnumpy(row)[0]) == 5 and (view == 5).all()
+        del row, view
+        gc.collect()
+        c = common.device_empty((16, 256), "float32", q, result=True)
+        assert address(c) == where
+
+        rng = np.random.default_rng(1)
+        x1, x2 = (rng.standard_normal((2, 8, 12, 12)).astype(np.float32) for _ in range(2))
+        w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+        for algo in convlib.algorithms("sycl"):
+            y1 = convlib.conv2d(x1, w, padding=1, algo=algo, device="sycl")
+            y2 = convlib.conv2d(x2, w, padding=1, algo=algo, device="sycl")
+            assert not np.shares_memory(y1, y2)
+            for x, y in ((x1, y1), (x2, y2)):
+                ref = conv2d_reference(x, w, padding=(1, 1, 1, 1))
+                assert relative_error(y, ref) <= 10 * TOLERANCE["float32"]
+    finally:
+        output_cache.clear()

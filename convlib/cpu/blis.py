@@ -86,6 +86,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ..problem import ConvProblem
+from .. import output_cache
 from .blocking import VECTOR_SLACK_BYTES, BlisBlocking, blis_blocking, host_isa
 from .stack_buffer import stack_array_1d
 
@@ -783,7 +784,7 @@ def conv2d(problem: ConvProblem, x, w, bias, device=None, *, blocking: BlisBlock
     threads = threads or get_num_threads()
     workspace = allocate_workspace(problem, b, threads)
     m_parts, n_parts = thread_split(problem, b, threads)
-    y = np.empty(problem.y_shape, dtype)
+    y = output_cache.empty(problem.y_shape, dtype)
     has_bias = bias is not None
     bias_arr = np.ascontiguousarray(bias, dtype) if has_bias else np.zeros(1, dtype)
     kernel = blis_kernel(b.MC, b.KC, b.NC, b.MR, b.NR)

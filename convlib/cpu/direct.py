@@ -64,6 +64,7 @@ from numba import get_num_threads, njit, prange, set_num_threads, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .. import output_cache
 from .stack_buffer import stack_array_2d
 
 
@@ -566,7 +567,7 @@ def conv2d(problem, x, w, bias, device):
     -------
     (N, K, P, Q) numpy array, newly allocated
     """
-    y = np.empty(problem.y_shape, dtype=problem.dtype)
+    y = output_cache.empty(problem.y_shape, problem.dtype)
     if problem.N == 0:
         return y
     if problem.flops >= SERIAL_BELOW_FLOPS:

@@ -21,6 +21,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..problem import ConvProblem
+from .. import output_cache
 
 
 def supports(problem: ConvProblem) -> str | None:
@@ -88,7 +89,7 @@ def conv2d(problem: ConvProblem, x: np.ndarray, w: np.ndarray, bias, device=None
     """
     p = problem
     G, Kg, PQ = p.groups, p.K_per_group, p.P * p.Q
-    y = np.empty(p.y_shape, dtype=p.dtype)
+    y = output_cache.empty(p.y_shape, p.dtype)
     filters = w.reshape(G, Kg, p.gemm_k)
     chunk = p.im2col_batch_chunk()
     cols_buf = np.empty((chunk, p.C, p.R, p.S, p.P, p.Q), dtype=p.dtype)

@@ -51,6 +51,7 @@ from numba.extending import overload
 from numba.np import numpy_support
 
 from ..winograd_math import WinogradTile
+from .. import output_cache
 from .stack_buffer import stack_array_2d
 
 uintp = np.uintp
@@ -677,7 +678,7 @@ class WinogradAlgorithm(WinogradTile):
         input_transform = input_transform_kernel(self.m)
         output_transform = output_transform_kernel(self.m)
         dtype = np.dtype(problem.dtype)
-        y = np.empty(problem.y_shape, dtype)
+        y = output_cache.empty(problem.y_shape, dtype)
         if y.size == 0:
             return y
         a2 = self.alpha**2

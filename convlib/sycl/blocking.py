@@ -54,7 +54,7 @@ class SyclBlocking:
 #: per work-item fit, float64 takes 4). Bc = KC x NC is 16 MiB. "gpu": untested starting values for
 #: an Intel GPU (larger work-groups, no copy-loop per item needed but harmless).
 BLOCKING = {
-    ("cpu", "float32"): SyclBlocking(direct_kb=8, direct_wg=512, im2col_wg=8, gemm_mb=8, gemm_wg=64,
+    ("cpu", "float32"): SyclBlocking(direct_kb=8, direct_wg=2048, im2col_wg=8, gemm_mb=8, gemm_wg=64,
                                      blis_kc=512, blis_nc=8192, blis_mc=1, pack_wg=8),
     ("cpu", "float64"): SyclBlocking(direct_kb=8, direct_wg=512, im2col_wg=8, gemm_mb=4, gemm_wg=64,
                                      blis_kc=512, blis_nc=4096, blis_mc=1, pack_wg=8),

@@ -11,6 +11,7 @@ import functools
 
 import numpy as np
 
+from .. import output_cache
 from . import runtime
 from .blocking import padded, work_group
 
@@ -149,10 +150,43 @@ def device_empty(shape, dtype: str, queue, *, result: bool = False):
     memory there, so kernels run as fast), which numpy can read and write in place (see
     ``SyclBackend.prepare`` and ``finish``).
     """
+    dpt = runtime.load().dpt
     usm_type = "shared" if result and queue.sycl_device.is_cpu else "device"
-    arr = runtime.load().dpt.empty(shape, dtype=dtype, sycl_queue=queue, usm_type=usm_type)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if usm_type == "shared" and nbytes >= output_cache.MIN_BYTES and output_cache.enabled():
+        return _cached_shared_empty(shape, dtype, queue, nbytes)
+    arr = dpt.empty(shape, dtype=dtype, sycl_queue=queue, usm_type=usm_type)
     advise_huge_pages(arr)
     return arr
+
+
+def _cached_shared_empty(shape, dtype: str, queue, nbytes: int):
+    """A shared-USM array over a block of :mod:`convlib.output_cache`'s pool (reused once every
+    array over it is gone: its page faults are paid once, ~7 ms per 128 MiB here)."""
+    dpt = runtime.load().dpt
+    key = ((queue, "shared"), nbytes)
+    block = output_cache.take(key)
+    fresh = block is None
+    if fresh:
+        block = dpt.empty((nbytes,), dtype="u1", sycl_queue=queue, usm_type="shared").usm_data
+    owner = _pooled_memory_type()(block)  # every array over it keeps this alive (usm_data)
+    output_cache.release_when_unreachable(owner, key, block)
+    arr = dpt.usm_ndarray(shape, dtype=dtype, buffer=owner)
+    if fresh:
+        advise_huge_pages(arr)
+    return arr
+
+
+@functools.lru_cache(maxsize=1)
+def _pooled_memory_type():
+    """A weak-referenceable view of a ``MemoryUSMShared`` block (dpctl's own type is not)."""
+    runtime.load()
+    import dpctl.memory as dpm
+
+    class PooledUSMShared(dpm.MemoryUSMShared):
+        pass
+
+    return PooledUSMShared
 
 
 def host_view(arr):
