@@ -177,3 +177,15 @@ def test_gemm_check_times_the_same_product_three_ways():
     assert via_blis.shape == (1, M, 1, N)
     np.testing.assert_allclose(via_blis.reshape(M, N), product, rtol=1e-4, atol=1e-3)
     assert calls["blis conv"]().shape == (1, 512, 7, 7)
+
+
+def test_winograd_rates_above_the_fma_peak_are_not_a_ceiling_warning():
+    from convlib.bench.report import warnings_for
+
+    ceilings = {"fma_peak_gflops": 100.0, "load_average": [0.1, 0.1, 0.1]}
+    base = {"status": "ok", "device": "cpu", "case": "s2 3x3 64>64"}
+    records = [dict(base, name="winograd", frac_fma_peak=1.4), dict(base, name="auto", picked="winograd", frac_fma_peak=1.3)]
+    assert warnings_for(records, ceilings) == []
+    records.append(dict(base, name="blis", frac_fma_peak=1.2))
+    (warning,) = warnings_for(records, ceilings)
+    assert warning.startswith("1 rate(s) exceed the measured FMA peak")

@@ -60,12 +60,11 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-from numba import get_num_threads, njit, prange, set_num_threads, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import get_num_threads, njit, prange, set_num_threads
 
 from .. import output_cache
 from .stack_buffer import stack_array_2d
+from .work_queue import fetch_and_increment
 
 
 @dataclass(frozen=True)
@@ -394,20 +393,6 @@ def pack_weights(w, KB, wpack):
             else:
                 for t in range(taps):
                     wpack[g, kb, t, kk] = 0
-
-
-@intrinsic
-def fetch_and_increment(typingctx, counter):
-    """Atomically ``counter[0] += 1``, returning the old value (``counter``: 1-D int64)."""
-    if not (isinstance(counter, types.Array) and counter.dtype == types.int64 and counter.ndim == 1):
-        return None
-
-    def codegen(context, builder, signature, args):
-        array = context.make_array(signature.args[0])(context, builder, args[0])
-        one = context.get_constant(types.int64, 1)
-        return builder.atomic_rmw("add", array.data, one, "monotonic")
-
-    return types.int64(counter), codegen
 
 
 @njit(inline="always")
