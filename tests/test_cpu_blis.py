@@ -37,6 +37,11 @@ EDGE_CASES = {
     "same-5x4-dilated-linear": (2, 2, 6, 5, 4, 5, 4, (1, 1), (4, 4, 2, 1), (2, 1), 1, False),
     "same-asym-rows-linear": (2, 3, 5, 6, 6, 2, 3, (1, 1), (0, 2, 2, 0), (1, 1), 3, True),
     "linear-stride-h2-wide-pad": (2, 2, 4, 3, 3, 2, 2, (2, 1), (1, 0, 2, 2), (1, 1), 1, True),
+    # 1x1, stride 1, no padding: the pointwise packing (taps outer); images of 35 and 1 pixels so
+    # panels straddle images, groups so each group starts at another channel.
+    "pointwise-straddling": (3, 6, 7, 5, 9, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 3, True),
+    "pointwise-one-pixel": (11, 4, 1, 1, 5, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1, False),
+    "pointwise-whole-panels": (2, 5, 4, 8, 3, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1, True),
 }
 
 
@@ -64,7 +69,7 @@ def test_small_blocks_match_reference(case, dtype, rng):
 @pytest.mark.parametrize("threads", [1, 3, 4])
 def test_thread_grids(threads, rng):
     # More partitions than threads is allowed; 3 and 4 reach the 3x1 / 1x3 / 2x2 grids.
-    for case in ("straddling-tiles", "groups-odd-K", "same-3x3-linear"):
+    for case in ("straddling-tiles", "groups-odd-K", "same-3x3-linear", "pointwise-straddling"):
         problem = _problem(case, "float64")
         x, w, b = random_arrays(rng, problem)
         y = blis.conv2d(problem, x, w, b, blocking=SMALL["float64"], threads=threads)
