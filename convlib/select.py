@@ -50,6 +50,11 @@ def _winograd_pays(problem: ConvProblem) -> bool:
             and problem.gemm_n >= 256)
 
 
+def _is_pointwise(problem: ConvProblem) -> bool:
+    """A 1x1, stride-1, unpadded convolution: a plain GEMM over each image's pixels."""
+    return (problem.R, problem.S) == (1, 1) and problem.stride == (1, 1) and not any(problem.padding)
+
+
 def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     if _is_thin(problem):
         return [("direct", f"thin GEMM (M={problem.gemm_m}, K={problem.gemm_k}): memory-bound, "
@@ -57,10 +62,11 @@ def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     rules = []
     if _winograd_pays(problem):
         rules.append(("winograd", "3x3 stride-1 layer with many channels: F(4x4,3x3) does 4x fewer multiplications"))
-    # Measured on ResNet-50 v1.5 at batch 8 (docs/benchmarks.md): with at most 256 filters per group
-    # and a reduction of at most 512, packing B costs blis more than direct's re-reads of the image
-    # (the stem and the 1x1 layers of stages 2-4); past that, blis' register blocking wins.
-    if problem.K_per_group <= 256 and problem.gemm_k <= 512:
+    # Measured on ResNet-50 v1.5 at batch 8 (docs/benchmarks.md): blis wins every pointwise (1x1,
+    # stride-1, unpadded) layer, whose packing is a plain copy of channel rows. Elsewhere, with at
+    # most 256 filters per group and a reduction of at most 512, packing B costs blis more than
+    # direct's re-reads of the image (the stem); past that, blis' register blocking wins.
+    if not _is_pointwise(problem) and problem.K_per_group <= 256 and problem.gemm_k <= 512:
         rules.append(("direct", "few filters and a short reduction: direct beats packing for a GEMM"))
     rules.append(("blis", "GEMM-shaped problem: the packed BLIS GEMM reads the image directly, with bounded workspace"))
     return rules

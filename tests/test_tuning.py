@@ -75,3 +75,20 @@ class _no_warning:
 
     def __exit__(self, *exc):
         return self._cm.__exit__(*exc)
+
+
+@pytest.mark.parametrize(
+    "C, H, K, R, stride, padding, expected",
+    [
+        (256, 56, 64, 1, 1, 0, "blis"),  # pointwise: blis' packing is a plain copy
+        (64, 56, 64, 1, 1, 0, "blis"),
+        (3, 224, 64, 7, 2, 3, "direct"),  # the stem: few filters, short reduction
+        (128, 56, 128, 3, 2, 1, "blis"),  # strided 3x3
+        (64, 56, 64, 3, 1, 1, "winograd"),  # 3x3 stride 1 with many channels
+    ],
+)
+def test_cpu_rules_on_resnet_layers(C, H, K, R, stride, padding, expected):
+    """The rules of select._cpu_rules, as measured on ResNet-50 v1.5 (docs/benchmarks.md)."""
+    x = np.zeros((8, C, H, H), np.float32)
+    w = np.zeros((K, C, R, R), np.float32)
+    assert convlib.choose_algorithm(x, w, stride=stride, padding=padding).algo == expected
