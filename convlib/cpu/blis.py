@@ -577,6 +577,19 @@ def pack_b_pointwise(x, image, plane, first_channel, jc, nc, kc, NR, Bc):
                 if pq == plane:
                     pq = 0
                     n += 1
+            elif width == NR and NR - (plane - pq) <= plane:  # the panel spans two images
+                head = plane - pq
+                src = n * image + first_channel * plane + pq
+                for p in range(p0, p1):
+                    # Each copy may write a vector past its end; the next one, or the next row,
+                    # overwrites it (Bc has a vector of slack past the last panel).
+                    copy_run_over(x, src + p * plane, 1, Bc, row0 + p * NR, head)
+                    copy_run_over(x, src + image - pq + p * plane, 1, Bc, row0 + p * NR + head, NR - head)
+                pq = NR - head
+                n += 1
+                if pq == plane:
+                    pq = 0
+                    n += 1
             else:
                 for p in range(p0, p1):
                     n_t, pq_t = n, pq
