@@ -44,6 +44,14 @@ EDGE_CASES = {
     "pointwise-whole-panels": (2, 5, 4, 8, 3, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1, True),
 }
 
+#: Pointwise problems packed in several blocks of taps (C/groups > POINTWISE_TAP_BLOCK), with
+#: panels straddling images at every offset: each is run with the table's blocking and a deep KC.
+POINTWISE_DEEP = {
+    "14x14-like": ConvProblem(3, 40, 7, 7, 7, 1, 1, has_bias=True),
+    "straddle-by-1": ConvProblem(4, 37, 3, 11, 5, 1, 1),
+    "groups": ConvProblem(2, 68, 5, 9, 6, 1, 1, groups=2),
+}
+
 
 def _problem(case, dtype):
     N, C, H, W, K, R, S, stride, padding, dilation, groups, bias = EDGE_CASES[case]
@@ -139,3 +147,17 @@ def test_micro_kernel_lanes_divide_NR():
         for NR in (8, 12, 16, 32, 64):
             lanes = blis.micro_kernel_lanes(3, NR, itemsize)
             assert NR % lanes == 0 and lanes * itemsize <= blis.simd_bytes()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", list(POINTWISE_DEEP))
+def test_pointwise_packing_in_tap_blocks(case, dtype, rng):
+    """A panel's rows are packed one block of taps at a time: no copy may spill into rows that an
+    earlier block already packed (a panel spanning two images once did)."""
+    from dataclasses import replace
+
+    problem = replace(POINTWISE_DEEP[case], dtype=dtype)
+    x, w, b = random_arrays(rng, problem)
+    b_table = blis_blocking(dtype)
+    for blocking in (b_table, BlisBlocking(MC=6, KC=64, NC=48, MR=3, NR=b_table.NR // 2)):
+        _check(problem, blis.conv2d(problem, x, w, b, blocking=blocking), x, w, b)

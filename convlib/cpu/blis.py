@@ -580,11 +580,19 @@ def pack_b_pointwise(x, image, plane, first_channel, jc, nc, kc, NR, Bc):
             elif width == NR and NR - (plane - pq) <= plane:  # the panel spans two images
                 head = plane - pq
                 src = n * image + first_channel * plane + pq
+                tail = NR - head
+                whole = tail // lanes * lanes
                 for p in range(p0, p1):
-                    # Each copy may write a vector past its end; the next one, or the next row,
-                    # overwrites it (Bc has a vector of slack past the last panel).
-                    copy_run_over(x, src + p * plane, 1, Bc, row0 + p * NR, head)
-                    copy_run_over(x, src + image - pq + p * plane, 1, Bc, row0 + p * NR + head, NR - head)
+                    # The head copy may write up to a vector past its end, which the tail copy
+                    # then overwrites; the tail is copied in whole vectors and then element by
+                    # element, so that nothing is written past the row (the next panel's rows
+                    # of earlier tap blocks are already packed).
+                    dst = row0 + p * NR
+                    copy_run_over(x, src + p * plane, 1, Bc, dst, head)
+                    tail_src = src + image - pq + p * plane
+                    copy_run_over(x, tail_src, 1, Bc, dst + head, whole)
+                    for t in range(whole, tail):
+                        Bc[dst + head + t] = x[tail_src + t]
                 pq = NR - head
                 n += 1
                 if pq == plane:
