@@ -42,6 +42,15 @@ EDGE_CASES = {
     "pointwise-straddling": (3, 6, 7, 5, 9, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 3, True),
     "pointwise-one-pixel": (11, 4, 1, 1, 5, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1, False),
     "pointwise-whole-panels": (2, 5, 4, 8, 3, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1, True),
+    # 1x1 whose pixels all read inside the image, strided: the strided pointwise packing; the
+    # declared bottom/right padding of the second is never read. The third reads its padding
+    # (general packing).
+    "pointwise-stride2": (3, 6, 7, 9, 9, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 3, True),
+    "pointwise-stride2x3-unread-pad": (2, 4, 9, 10, 5, 1, 1, (2, 3), (0, 1, 0, 2), (1, 1), 1, False),
+    "pointwise-stride2-read-pad": (2, 3, 8, 8, 4, 1, 1, (2, 2), (0, 1, 0, 1), (1, 1), 1, True),
+    # Stride 2 with output rows of 19 pixels: whole stride-2 vector copies, and scalar ones where
+    # two vectors would read past the end of x.
+    "stride2-3x3-long-rows": (2, 3, 12, 37, 5, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1, True),
 }
 
 #: Pointwise problems packed in several blocks of taps (C/groups > POINTWISE_TAP_BLOCK), with
@@ -50,6 +59,9 @@ POINTWISE_DEEP = {
     "14x14-like": ConvProblem(3, 40, 7, 7, 7, 1, 1, has_bias=True),
     "straddle-by-1": ConvProblem(4, 37, 3, 11, 5, 1, 1),
     "groups": ConvProblem(2, 68, 5, 9, 6, 1, 1, groups=2),
+    "stride2-14x14-like": ConvProblem(3, 40, 14, 14, 9, 1, 1, stride=(2, 2), has_bias=True),
+    "stride2-odd": ConvProblem(4, 37, 7, 11, 5, 1, 1, stride=(2, 2)),
+    "stride2-groups": ConvProblem(2, 68, 9, 9, 6, 1, 1, stride=(2, 2), groups=2),
 }
 
 
@@ -158,5 +170,16 @@ def test_pointwise_packing_in_tap_blocks(case, dtype, rng):
 
     problem = replace(POINTWISE_DEEP[case], dtype=dtype)
     assert problem.C_per_group > blis.POINTWISE_TAP_BLOCK
+    x, w, b = random_arrays(rng, problem)
+    _check(problem, blis.conv2d(problem, x, w, b), x, w, b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("stride", [(2, 2), (1, 2)])
+def test_strided_rows_with_table_blocking(stride, dtype, rng):
+    """Stride-2 columns packed with whole vectors (two loads, even lanes) at the table's NR:
+    output rows longer than a panel, panels straddling images, reads up to the end of x."""
+    problem = ConvProblem(3, 5, 21, 70, 7, 3, 3, stride=stride, padding=(1, 1, 1, 1),
+                          dtype=dtype, has_bias=True)
     x, w, b = random_arrays(rng, problem)
     _check(problem, blis.conv2d(problem, x, w, b), x, w, b)

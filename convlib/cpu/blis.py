@@ -215,6 +215,73 @@ def vector_store_plus(typingctx, dst, dst_index, src, src_index, scalar, lanes):
     return types.void(dst, dst_index, src, src_index, scalar, lanes), codegen
 
 
+@intrinsic
+def vector_store_split(typingctx, dst, index0, index1, split, src, src_index, scalar, accumulate,
+                       lanes):
+    """Write the vector ``v = src[src_index : +lanes]`` (``+ scalar``, or ``+`` what is there when
+    ``accumulate``) with its lanes ``l < split`` at ``dst[index0 + l]`` and the others at
+    ``dst[index1 + l]``: a register tile whose columns continue in the next image.
+
+    Plain vector loads and stores when all lanes go to one side; masked ones (which touch no
+    memory in their masked-off lanes) only for the vector that straddles the split.
+    """
+    L = _literal_lanes(lanes)
+    if L is None or not isinstance(scalar, (types.Float, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        dst_t, src_t = signature.args[0], signature.args[4]
+        dst_a, i0, i1, cut, src_a, s_index, value, acc_flag = args[:8]
+        p0, vec, align = _vector_at(context, builder, dst_t, dst_a, i0, L)
+        p1, _, _ = _vector_at(context, builder, dst_t, dst_a, i1, L)
+        sp, _, _ = _vector_at(context, builder, src_t, src_a, s_index, L)
+        tile = builder.load(sp, align=align)
+        addend = _splat(builder, vec, context.cast(builder, value, signature.args[6], dst_t.dtype))
+        accumulate = context.cast(builder, acc_flag, signature.args[7], types.boolean)
+        cut = context.cast(builder, cut, signature.args[3], types.int64)
+        i32, i1t = ir.IntType(32), ir.IntType(1)
+        lane_ids = ir.Constant(ir.VectorType(ir.IntType(64), L), list(range(L)))
+        cut_vec = _splat(builder, ir.VectorType(ir.IntType(64), L), cut)
+        low_mask = builder.icmp_signed("<", lane_ids, cut_vec)
+        high_mask = builder.not_(low_mask)
+        zero = ir.Constant(vec, None)
+        bits = dst_t.dtype.bitwidth
+        masked_load = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vec, [vec.as_pointer(), i32, ir.VectorType(i1t, L), vec]),
+            f"llvm.masked.load.v{L}f{bits}.p0v{L}f{bits}")
+        masked_store = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [vec, vec.as_pointer(), i32, ir.VectorType(i1t, L)]),
+            f"llvm.masked.store.v{L}f{bits}.p0v{L}f{bits}")
+        align_c = ir.Constant(i32, align)
+
+        def plain(pointer):
+            with builder.if_else(accumulate) as (then, otherwise):
+                with then:
+                    builder.store(builder.fadd(tile, builder.load(pointer, align=align)), pointer, align=align)
+                with otherwise:
+                    builder.store(builder.fadd(tile, addend), pointer, align=align)
+
+        all_low = builder.icmp_signed(">=", cut, ir.Constant(ir.IntType(64), L))
+        all_high = builder.icmp_signed("<=", cut, ir.Constant(ir.IntType(64), 0))
+        with builder.if_else(all_low) as (low_only, rest):
+            with low_only:
+                plain(p0)
+            with rest:
+                with builder.if_else(all_high) as (high_only, mixed):
+                    with high_only:
+                        plain(p1)
+                    with mixed:
+                        there = builder.select(
+                            low_mask, builder.call(masked_load, [p0, align_c, low_mask, zero]),
+                            builder.call(masked_load, [p1, align_c, high_mask, zero]))
+                        total = builder.fadd(tile, builder.select(accumulate, there, addend))
+                        builder.call(masked_store, [total, p0, align_c, low_mask])
+                        builder.call(masked_store, [total, p1, align_c, high_mask])
+        return context.get_dummy_value()
+
+    return types.void(dst, index0, index1, split, src, src_index, scalar, accumulate, lanes), codegen
+
+
 # ------------------------------------------------------------------------------------------
 # Micro-kernel: generated per (MR, NR) from a template whose per-row lines are repeated MR times.
 # ------------------------------------------------------------------------------------------
@@ -238,6 +305,16 @@ def micro_kernel_{{MR}}x{{NR}}(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias
     else:
         bias{{i}} = bias[bias_off + {{i}}] if mode == STORE_WITH_BIAS else 0.0  {_PER_ROW}
         vector_store_plus(c, c_off + {{i}} * ldc + {{j}}, acc, {{o}}, bias{{i}}, {{L}})  {_PER_ROW_VECTOR}
+'''
+
+#: The same tile for columns that continue in the next image: those from ``head`` on go to
+#: ``c_off2`` (the next image's first pixel of row 0) instead of following ``c_off``'s row.
+_SPLIT_MICRO_KERNEL_TEMPLATE = _MICRO_KERNEL_TEMPLATE.split("    if mode == ACCUMULATE:")[0].replace(
+    "def micro_kernel_{MR}x{NR}(kc, a, a_off, b, b_off, c, c_off, ldc,",
+    "def micro_kernel_split_{MR}x{NR}(kc, a, a_off, b, b_off, c, c_off, c_off2, head, ldc,",
+) + f'''    accumulate = mode == ACCUMULATE
+    bias{{i}} = bias[bias_off + {{i}}] if mode == STORE_WITH_BIAS else 0.0  {_PER_ROW}
+    vector_store_split(c, c_off + {{i}} * ldc + {{j}}, c_off2 + {{i}} * ldc + {{j}} - head, head - {{j}}, acc, {{o}}, bias{{i}}, accumulate, {{L}})  {_PER_ROW_VECTOR}
 '''
 
 #: How the micro-kernel writes its tile: the first ``pc`` block stores (adding the bias when there
@@ -286,8 +363,14 @@ def render_micro_kernel(MR: int, NR: int, L: int) -> str:
     return render(_MICRO_KERNEL_TEMPLATE, MR, NR, L)
 
 
+def render_split_micro_kernel(MR: int, NR: int, L: int) -> str:
+    """Source of the ``MR x NR`` micro-kernel whose tile continues in the next image."""
+    return render(_SPLIT_MICRO_KERNEL_TEMPLATE, MR, NR, L)
+
+
 def _exec_function(source: str, name: str):
     namespace = {
+        "vector_store_split": vector_store_split,
         "stack_array_1d": stack_array_1d,
         "vector_zero": vector_zero,
         "vector_fma": vector_fma,
@@ -306,6 +389,11 @@ def _micro_kernel_function(MR: int, NR: int, L: int):
     return _exec_function(render_micro_kernel(MR, NR, L), f"micro_kernel_{MR}x{NR}")
 
 
+@functools.lru_cache(maxsize=None)
+def _split_micro_kernel_function(MR: int, NR: int, L: int):
+    return _exec_function(render_split_micro_kernel(MR, NR, L), f"micro_kernel_split_{MR}x{NR}")
+
+
 def micro_kernel(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, MR, NR):
     """``c[c_off + i*ldc + j] (+)= sum_p a[a_off + p*MR + i] * b[b_off + p*NR + j]`` (+ bias).
 
@@ -322,6 +410,23 @@ def _micro_kernel_overload(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bi
         return None  # numba retries with the literal types
     mr, nr = MR.literal_value, NR.literal_value
     return _micro_kernel_function(mr, nr, micro_kernel_lanes(mr, nr, c.dtype.bitwidth // 8))
+
+
+def micro_kernel_split(kc, a, a_off, b, b_off, c, c_off, c_off2, head, ldc, mode, bias, bias_off,
+                       MR, NR):
+    """:func:`micro_kernel` for a tile whose columns ``j >= head`` continue in the next image:
+    they go to ``c[c_off2 + i*ldc + j - head]``, the others to ``c[c_off + i*ldc + j]``.
+    Callable from jitted code only."""
+    raise NotImplementedError("micro_kernel_split is called from numba-compiled code only")
+
+
+@overload(micro_kernel_split, prefer_literal=True, jit_options={"fastmath": {"contract"}})
+def _micro_kernel_split_overload(kc, a, a_off, b, b_off, c, c_off, c_off2, head, ldc, mode, bias,
+                                 bias_off, MR, NR):
+    if not (isinstance(MR, types.IntegerLiteral) and isinstance(NR, types.IntegerLiteral)):
+        return None
+    mr, nr = MR.literal_value, NR.literal_value
+    return _split_micro_kernel_function(mr, nr, micro_kernel_lanes(mr, nr, c.dtype.bitwidth // 8))
 
 
 # ------------------------------------------------------------------------------------------
@@ -396,6 +501,28 @@ def copy_vector(typingctx, dst, dst_index, src, src_index):
 
 
 @intrinsic
+def copy_vector_stride2(typingctx, dst, dst_index, src, src_index):
+    """``dst[dst_index : dst_index + V] = src[src_index : src_index + 2*V : 2]``, V = 32 bytes of
+    elements: two vector loads, one shuffle of their even lanes, one store (no bounds check).
+    Stride-2 layers read every other input column; element by element that was most of their
+    packing time."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.dtype == src.dtype):
+        return None
+
+    def codegen(context, builder, signature, args):
+        lanes = _packing_lanes(context, signature.args[0])
+        d, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], lanes)
+        s_, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], lanes)
+        low = builder.load(s_, align=align)
+        high = builder.load(builder.gep(s_, [ir.Constant(ir.IntType(64), 1)]), align=align)
+        evens = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [2 * i for i in range(lanes)])
+        builder.store(builder.shuffle_vector(low, high, evens), d, align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_index, src, src_index), codegen
+
+
+@intrinsic
 def zero_vector(typingctx, dst, dst_index):
     """``dst[dst_index : dst_index + V] = 0`` as one vector store (no bounds check)."""
     if not isinstance(dst, types.Array):
@@ -434,11 +561,15 @@ def fill_zeros_over(dst, start, count):
 @njit(cache=True, inline="always")
 def copy_run_over(src, src_start, src_step, dst, dst_start, count):
     """``dst[dst_start + t] = src[src_start + t*src_step]`` for ``t < count``, maybe writing up to
-    one vector more. Whole vectors when ``src_step == 1`` and they stay inside ``src``."""
+    one vector more. Whole vectors when ``src_step`` is 1 or 2 and they stay inside ``src``."""
     lanes = vector_lanes(dst)
-    if src_step == 1 and src_start + count + lanes <= src.size:
-        for v in range((count + lanes - 1) // lanes):
+    vectors = (count + lanes - 1) // lanes
+    if src_step == 1 and src_start + vectors * lanes <= src.size:
+        for v in range(vectors):
             copy_vector(dst, dst_start + v * lanes, src, src_start + v * lanes)
+    elif src_step == 2 and src_start + 2 * vectors * lanes <= src.size:
+        for v in range(vectors):
+            copy_vector_stride2(dst, dst_start + v * lanes, src, src_start + 2 * v * lanes)
     else:
         s, d, step = np.uintp(src_start), np.uintp(dst_start), np.uintp(src_step)
         for t in range(np.uintp(count)):
@@ -486,6 +617,11 @@ def pack_b_from_image(
     if (geo.filter_h == 1 and geo.filter_w == 1 and sh == 1 and sw == 1
             and geo.pad_top == 0 and geo.pad_left == 0 and PQ == plane):
         pack_b_pointwise(x, image, plane, channel0 + pc, jc, nc, kc, NR, Bc)
+        return
+    if (geo.filter_h == 1 and geo.filter_w == 1 and geo.pad_top == 0 and geo.pad_left == 0
+            and (P - 1) * sh < H and (Q - 1) * sw < W):
+        pack_b_pointwise_strided(x, image, plane, W, P, Q, sh, sw, channel0 + pc, jc, nc, kc, NR,
+                                 runs, Bc)
         return
     # Worth it when a panel holds several output rows; otherwise the per-row clipping is cheaper.
     linear = sw == 1 and sh * W == Q and Q < NR
@@ -614,6 +750,63 @@ def pack_b_pointwise(x, image, plane, first_channel, jc, nc, kc, NR, Bc):
                 while pq >= plane:
                     pq -= plane
                     n += 1
+
+
+@njit(cache=True, inline="always")
+def pack_b_pointwise_strided(x, image, plane, W, P, Q, sh, sw, first_channel, jc, nc, kc, NR, runs,
+                             Bc):
+    """:func:`pack_b_from_image` for a 1x1 convolution whose pixels all read inside the image
+    (no padding on the top and left, none used on the bottom and right), any stride: the
+    projection shortcuts (1x1, stride 2) of ResNets.
+
+    B's row ``p`` is channel ``first_channel + p`` read at a stride. As in
+    :func:`pack_b_pointwise`, blocks of :data:`POINTWISE_TAP_BLOCK` taps with panels inside and
+    taps innermost, so that a few channel streams are read at a time (the general routine, every
+    tap of a panel in turn, read up to KC channel planes at once and packed these layers at
+    1.3 ns per element); each panel's pixels are cut into runs of one output row (``runs``:
+    first input address, length) once per block, and copied with :func:`copy_run_over`.
+    """
+    PQ = P * Q
+    for p0 in range(0, kc, POINTWISE_TAP_BLOCK):
+        p1 = min(kc, p0 + POINTWISE_TAP_BLOCK)
+        n = jc // PQ
+        pq = jc - n * PQ
+        for panel_start in range(0, nc, NR):
+            width = min(NR, nc - panel_start)
+            n_runs = 0
+            done = 0
+            while done < width:
+                oh = pq // Q
+                ow = pq - oh * Q
+                run = min(Q - ow, width - done)
+                runs[n_runs, RUN_IMAGE] = n * image + first_channel * plane + oh * sh * W + ow * sw
+                runs[n_runs, RUN_LENGTH] = run
+                n_runs += 1
+                done += run
+                pq += run
+                if pq == PQ:
+                    pq = 0
+                    n += 1
+            row0 = panel_start * kc
+            lanes = vector_lanes(Bc)
+            for p in range(p0, p1):
+                dst = row0 + p * NR
+                row_end = dst + NR
+                for i in range(n_runs):
+                    run = runs[i, RUN_LENGTH]
+                    src = runs[i, RUN_IMAGE] + p * plane
+                    if p == kc - 1 and dst + (run + lanes - 1) // lanes * lanes > row_end:
+                        # The panel's last row: what a vector writes past it would land in the
+                        # next panel's first rows, packed by the first block of taps already.
+                        whole = run - run % lanes
+                        copy_run_over(x, src, sw, Bc, dst, whole)
+                        for t in range(whole, run):
+                            Bc[dst + t] = x[src + t * sw]
+                    else:
+                        copy_run_over(x, src, sw, Bc, dst, run)
+                    dst += run
+                if width < NR:
+                    fill_zeros_over(Bc, dst, NR - width)
 
 
 @njit(cache=True, inline="always")
@@ -772,6 +965,8 @@ def blis_kernel(MC: int, KC: int, NC: int, MR: int, NR: int):
                                 n = col // PQ
                                 pq = col - n * PQ
                                 whole_columns = nr == NR and pq + NR <= PQ
+                                # Whole columns running into the next image (and no further).
+                                two_images = nr == NR and not whole_columns and pq + NR <= 2 * PQ
                                 for ir in range(0, mc, MR):
                                     mr = min(MR, mc - ir)
                                     row = g * M + ic + ir
@@ -779,6 +974,11 @@ def blis_kernel(MC: int, KC: int, NC: int, MR: int, NR: int):
                                         y_off = (n * K + row) * PQ + pq
                                         micro_kernel(kc, Ac, ir * kc, Bc, jr * kc, y, y_off, PQ, mode,
                                                      bias, row, MR, NR)
+                                    elif two_images and mr == MR:
+                                        micro_kernel_split(kc, Ac, ir * kc, Bc, jr * kc, y,
+                                                           (n * K + row) * PQ + pq,
+                                                           ((n + 1) * K + row) * PQ, PQ - pq, PQ,
+                                                           mode, bias, row, MR, NR)
                                     else:
                                         micro_kernel(kc, Ac, ir * kc, Bc, jr * kc, tile, 0, NR, STORE,
                                                      bias, 0, MR, NR)
