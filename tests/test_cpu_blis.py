@@ -105,6 +105,20 @@ def test_thread_split_prefers_columns_for_large_images_and_rows_for_small():
     assert blis.thread_split(big, b, 1) == (1, 1)
 
 
+def test_thread_split_weighs_packing_from_the_image():
+    """B packed from the image costs ~4x a plain copy: a strided projection, where splitting the
+    rows would make both threads pack all of B, is split by columns; the stride-1 1x1 layer of
+    the same GEMM size (plain-GEMM packing) by rows."""
+    b = BlisBlocking(MC=96, KC=384, NC=1024, MR=3, NR=32)
+    projection = ConvProblem(8, 512, 28, 28, 1024, 1, 1, stride=(2, 2))
+    pointwise = ConvProblem(8, 512, 14, 14, 1024, 1, 1)
+    assert not blis.packs_as_plain_gemm(projection) and blis.packs_as_plain_gemm(pointwise)
+    assert (projection.gemm_m, projection.gemm_n, projection.gemm_k) == (
+        pointwise.gemm_m, pointwise.gemm_n, pointwise.gemm_k)
+    assert blis.thread_split(projection, b, 2) == (1, 2)
+    assert blis.thread_split(pointwise, b, 2) == (2, 1)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_table_blocking_matches_reference_on_many_tiles(dtype, rng):
     # The table's own blocking, with more than one jc block and a ragged last tile.
