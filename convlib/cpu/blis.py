@@ -30,9 +30,12 @@ Packed layouts (both zero-padded to whole register tiles):
   one output row; or, when the input address is linear in the pixel index -- stride 1 and
   ``W == Q``, the 'same' layers -- all the panel's pixels of one image), and for every tap copies
   each run's clipped in-image range with whole 32-byte vector moves and zero-fills the rest: no
-  per-element padding test, no division in the inner loops. The vector moves may write up to one
-  vector past a run; the panels are written in an order where that spill is always overwritten
-  later, and ``Bc`` has one vector of slack.
+  per-element padding test, no division in the inner loops (stride-2 columns: two vector loads,
+  even lanes shuffled into one store). The vector moves may write up to one vector past a run;
+  the panels are written in an order where that spill is always overwritten later, and ``Bc`` has
+  one vector of slack. 1x1 layers that read only inside the image have their own routines,
+  :func:`pack_b_pointwise` (stride 1: a GEMM's packing) and :func:`pack_b_pointwise_strided`,
+  which pack blocks of 16 taps at a time so that few channel streams are read at once.
 * ``Ac``: ``MC/MR`` panels, each ``kc x MR``: element ``(ir + i, p)`` at
   ``(ir/MR)*MR*kc + p*MR + i``; the micro-kernel broadcasts ``MR`` consecutive values per step.
   :func:`pack_a_from_filters` is generated with its MR rows unrolled (7x faster than a loop).
@@ -46,9 +49,11 @@ GF/s instead of ~300 on the GPU machine). Per reduction step: NR/lanes vector lo
 broadcasts of A, MR*NR/lanes FMAs (6x64 float32 on AVX-512: 24 zmm accumulators; 3x32 on
 AVX2: 12 ymm, the one AVX2 shape whose loop LLVM schedules without spilling). The tile is stored
 straight into ``y`` (its rows are NR contiguous pixels of one image), adding the bias on the
-first ``pc`` block and accumulating on the others. A tile that is not whole (last rows or columns
-of the thread's range) or whose columns straddle two images goes through a per-thread ``MR x NR``
-edge tile that :func:`store_edge_tile` copies out in runs of one image.
+first ``pc`` block and accumulating on the others. A whole tile whose columns run into the next
+image is stored by :func:`micro_kernel_split` (:data:`_SPLIT_MICRO_KERNEL_TEMPLATE`): each vector
+goes to its image, masked stores only for the vector that straddles the boundary. A tile that is
+not whole (last rows or columns of the thread's range) or spans more than two images goes through
+a per-thread ``MR x NR`` edge tile that :func:`store_edge_tile` copies out in runs of one image.
 
 Threads: one ``prange`` iteration per thread, each owning a rectangle of the ``M x Ngemm`` output
 (of every group) and its own ``Ac``, ``Bc``, edge tile and packing tables, so the threads never
