@@ -685,22 +685,7 @@ def pack_b_from_image(
     pq = jc - n * PQ
     for panel_start in range(0, nc, NR):
         width = min(NR, nc - panel_start)
-        n_runs = 0
-        done = 0
-        while done < width:
-            oh = pq // Q
-            ow = pq - oh * Q
-            run = min(PQ - pq if linear else Q - ow, width - done)
-            runs[n_runs, RUN_IMAGE] = n * image
-            runs[n_runs, RUN_ROW] = oh
-            runs[n_runs, RUN_COL] = ow
-            runs[n_runs, RUN_LENGTH] = run
-            n_runs += 1
-            done += run
-            pq += run
-            if pq == PQ:
-                pq = 0
-                n += 1
+        n_runs, n, pq = cut_into_runs(runs, n, pq, width, PQ, Q, image, linear)
         row_start = panel_start * kc  # row 0 of this panel
         for p in range(kc):
             dst = row_start + p * NR
@@ -710,6 +695,31 @@ def pack_b_from_image(
                 pack_tap_by_rows(x, H, W, sh, sw, taps[p], runs, n_runs, Bc, dst)
             if width < NR:  # zero the columns past nc in the last panel
                 fill_zeros_over(Bc, dst + width, NR - width)
+
+
+@njit(cache=True, inline="always")
+def cut_into_runs(runs, n, pq, width, PQ, Q, image, linear):
+    """Cut ``width`` consecutive output pixels, from pixel ``pq`` of image ``n`` on, into runs of
+    one output row (of one image when ``linear``): ``runs[i]`` = the image's offset in x, the
+    first pixel's output row and column, the length. Returns ``(runs used, n, pq)``, ``n`` and
+    ``pq`` advanced past the pixels."""
+    n_runs = 0
+    done = 0
+    while done < width:
+        oh = pq // Q
+        ow = pq - oh * Q
+        run = min(PQ - pq if linear else Q - ow, width - done)
+        runs[n_runs, RUN_IMAGE] = n * image
+        runs[n_runs, RUN_ROW] = oh
+        runs[n_runs, RUN_COL] = ow
+        runs[n_runs, RUN_LENGTH] = run
+        n_runs += 1
+        done += run
+        pq += run
+        if pq == PQ:
+            pq = 0
+            n += 1
+    return n_runs, n, pq
 
 
 #: Taps packed together by :func:`pack_b_pointwise`: that many channel streams read at once.
@@ -795,8 +805,9 @@ def pack_b_pointwise_strided(x, image, plane, W, P, Q, sh, sw, first_channel, jc
     :func:`pack_b_pointwise`, blocks of :data:`POINTWISE_TAP_BLOCK` taps with panels inside and
     taps innermost, so that a few channel streams are read at a time (the general routine, every
     tap of a panel in turn, read up to KC channel planes at once and packed these layers at
-    1.3 ns per element); each panel's pixels are cut into runs of one output row (``runs``:
-    first input address, length) once per block, and copied with :func:`copy_run_over`.
+    1.3 ns per element); each panel's pixels are cut into runs of one output row once per block
+    (:func:`cut_into_runs`; ``runs``' first column then holds the run's first input address), and
+    copied with :func:`copy_run_over`.
     """
     PQ = P * Q
     for p0 in range(0, kc, POINTWISE_TAP_BLOCK):
@@ -805,20 +816,10 @@ def pack_b_pointwise_strided(x, image, plane, W, P, Q, sh, sw, first_channel, jc
         pq = jc - n * PQ
         for panel_start in range(0, nc, NR):
             width = min(NR, nc - panel_start)
-            n_runs = 0
-            done = 0
-            while done < width:
-                oh = pq // Q
-                ow = pq - oh * Q
-                run = min(Q - ow, width - done)
-                runs[n_runs, RUN_IMAGE] = n * image + first_channel * plane + oh * sh * W + ow * sw
-                runs[n_runs, RUN_LENGTH] = run
-                n_runs += 1
-                done += run
-                pq += run
-                if pq == PQ:
-                    pq = 0
-                    n += 1
+            n_runs, n, pq = cut_into_runs(runs, n, pq, width, PQ, Q, image, False)
+            for i in range(n_runs):  # the runs' first input addresses, channel first_channel
+                runs[i, RUN_IMAGE] += (first_channel * plane + runs[i, RUN_ROW] * sh * W
+                                       + runs[i, RUN_COL] * sw)
             row0 = panel_start * kc
             lanes = vector_lanes(Bc)
             for p in range(p0, p1):
