@@ -6,16 +6,17 @@
 >>> convlib.conv2d(x, w, padding=1).shape
 (8, 16, 32, 32)
 
-Public names: :func:`conv2d`, :func:`algorithms`, :func:`devices`, :func:`choose_algorithm`,
-:class:`ConvProblem`.
+Public names: :func:`conv2d`, :func:`choose_algorithm` (:class:`Choice`), :func:`algorithms`,
+:func:`devices`, :func:`build_problem` (:class:`ConvProblem`), :data:`options` and
+:func:`option_context`, :class:`BackendUnavailable`.
 """
 
-from .api import algorithms, build_problem, conv2d, devices
-from .config import option_context, options
-from .problem import ConvProblem
-from .select import Choice, choose_algorithm
-
-__version__ = "0.1.0"
+from .api import algorithms, build_problem, choose_algorithm, conv2d, devices
+from .core.contracts import BackendUnavailable
+from .core.options import option_context, options
+from .core.problem import ConvProblem
+from .core.version import __version__
+from .dispatch.select import Choice
 
 __all__ = ["conv2d", "algorithms", "devices", "choose_algorithm", "Choice", "ConvProblem", "build_problem",
-           "options", "option_context"]
+           "options", "option_context", "BackendUnavailable", "__version__"]

@@ -1,19 +1,28 @@
-"""The public entry points: :func:`conv2d`, :func:`algorithms`, :func:`devices`."""
+"""The public entry points: :func:`conv2d`, :func:`choose_algorithm`, :func:`algorithms`,
+:func:`devices` and :func:`build_problem`.
+
+Each validates its arguments first, in one place (:func:`convlib.core.problem.make_problem` for
+the problem, :func:`convlib.dispatch.registry.check_operation` and :func:`check_algo` for the
+names), then hands a :class:`~convlib.dispatch.plan.Plan` the work.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import registry
-from .backends import _array_backend, devices as _devices, get_backend, resolve_device
-from .problem import ConvProblem, array_dtype, make_problem
+from .core.problem import ConvProblem, array_dtype, make_problem
+from .dispatch import registry
+from .dispatch.devices import array_backend, devices as _devices, resolve_device
+from .dispatch.measure import choose_by_measuring
+from .dispatch.plan import make_plan
+from .dispatch.select import Choice, choose
 
 _ALGO_CHOICES = ("auto",) + registry.ALGORITHM_NAMES
 
 
 def _as_array(name, arr):
     """Array-likes (lists, scalars) become numpy arrays; device arrays are left where they are."""
-    if arr is None or _array_backend(arr) != "cpu" or isinstance(arr, np.ndarray):
+    if arr is None or array_backend(arr) != "cpu" or isinstance(arr, np.ndarray):
         return arr
     try:
         return np.asarray(arr)
@@ -22,7 +31,22 @@ def _as_array(name, arr):
 
 
 def build_problem(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1) -> ConvProblem:
-    """The validated :class:`~convlib.problem.ConvProblem` for these arguments (no computation)."""
+    """The validated :class:`~convlib.core.problem.ConvProblem` for these arguments (no computation).
+
+    Parameters
+    ----------
+    x, w, bias, stride, padding, dilation, groups
+        As in :func:`conv2d`; only shapes and dtypes are read.
+
+    Returns
+    -------
+    ConvProblem
+
+    Raises
+    ------
+    TypeError, ValueError
+        Invalid arguments; the message names the argument, its value and what is allowed.
+    """
     for name, arr in (("x", x), ("w", w)):
         if arr is None:
             raise TypeError(f"{name}=None is not an array; pass a numpy (or device) array")
@@ -37,22 +61,11 @@ def build_problem(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1)
     )
 
 
-def _check_algo(algo) -> str:
+def check_algo(algo) -> str:
+    """``algo`` when it names an algorithm or ``"auto"``, else a ``ValueError`` listing them."""
     if not isinstance(algo, str) or algo not in _ALGO_CHOICES:
         raise ValueError(f"algo={algo!r}: allowed are {', '.join(map(repr, _ALGO_CHOICES))}")
     return algo
-
-
-def unsupported_reason(backend: str, algo: str, problem: ConvProblem) -> str | None:
-    """Why ``algo`` on ``backend`` cannot serve ``problem``, or None when it can."""
-    if algo not in registry.algorithm_names(backend):
-        return f"algo={algo!r} is not implemented on the {backend} backend"
-    return registry.implementation(backend, algo).supports(problem)
-
-
-def serving_algorithms(backend: str, problem: ConvProblem) -> list[str]:
-    """The algorithms of ``backend`` that can serve ``problem``."""
-    return [a for a in registry.algorithm_names(backend) if unsupported_reason(backend, a, problem) is None]
 
 
 def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="auto", device=None):
@@ -114,50 +127,81 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
            [6., 9., 9., 6.],
            [4., 6., 6., 4.]], dtype=float32)
     """
-    algo = _check_algo(algo)
+    algo = check_algo(algo)
     x, w, bias = _as_array("x", x), _as_array("w", w), _as_array("bias", bias)
     problem = build_problem(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return make_plan("conv2d", problem, device, algo, (x, w, bias)).run(x, w, bias)
+
+
+def choose_algorithm(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, device=None,
+                     measure=False, repeats=5) -> Choice:
+    """What ``conv2d(..., algo="auto")`` would run for these arguments, and why.
+
+    Parameters
+    ----------
+    x, w, bias, stride, padding, dilation, groups, device
+        As in :func:`convlib.conv2d`. Only shapes, dtypes and where the data lives are read.
+    measure : bool, default False
+        Time every candidate on random data of this shape, already on the device (``repeats``
+        interleaved calls after a warm-up, each synchronised, median: :mod:`convlib.core.timing`),
+        pick the fastest and remember it in the tuning cache (:mod:`convlib.dispatch.tuning`),
+        keyed by the device's stable identity: later ``algo="auto"`` calls on this problem and
+        device, in this process and later ones, use the measured winner.
+    repeats : int, default 5
+        Timed calls per candidate when measuring.
+
+    Returns
+    -------
+    Choice
+        The algorithm, the reason, the candidates and (when measured) the median timings.
+
+    Notes
+    -----
+    Rules, in order:
+
+    1. Only algorithms that can serve the problem are candidates (Winograd needs 3x3, stride 1,
+       dilation 1).
+    2. A winner measured earlier for this problem and device (``measure=True``) is used.
+    3. Thin GEMMs (reduction ``C/groups * R * S < 32`` or fewer than 16 output channels per
+       group, e.g. the seed thesis' C=K=4 images or depthwise layers) go to ``direct``: they are
+       bound by memory traffic and direct convolution reads the image once and writes the output
+       once.
+    4. On the CPU, 3x3 stride-1 layers with at least 32 input and output channels per group and at
+       least 256 output pixels go to Winograd F(4x4,3x3), which measured 1.3-2x faster than the
+       best GEMM-based algorithm on ResNet-50's 3x3 layers. On SYCL devices the same layers go to
+       F(4x4,3x3) from 28x28 outputs up and to F(2x2,3x3) below.
+    5. On the CPU, other layers with at most 256 output channels per group and a reduction
+       ``C/groups * R * S <= 512`` go to ``direct`` (ResNet's stem and most 1x1 layers).
+    6. Otherwise the GEMM-based algorithm that measured fastest on the backend: ``blis`` on the
+       CPU, ``im2col`` on SYCL devices, ``blis`` (implicit GEMM) on CUDA GPUs, where ``direct`` is
+       kept for depthwise layers and for ``C/groups <= 16`` with ``K/groups <= 32``.
+    """
+    problem = build_problem(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
     target = resolve_device(device, x, w, bias)
-    backend = target.backend
-    if algo == "auto":
-        from .select import choose_algorithm_for
-
-        algo = choose_algorithm_for(problem, backend.name, backend.name if device is None else str(device)).algo
-    else:
-        reason = unsupported_reason(backend.name, algo, problem)
-        if reason is not None:
-            able = serving_algorithms(backend.name, problem)
-            raise NotImplementedError(
-                f"algo={algo!r} cannot serve this problem on {backend.name}: {reason}. "
-                f"Algorithms that can: {', '.join(able) or 'none'}"
-            )
-    if problem.N == 0:
-        return backend.finish(backend.empty(problem.y_shape, problem.dtype, target.handle), x, target.handle)
-    impl = registry.implementation(backend.name, algo)
-    xd = backend.prepare(x, problem.dtype, target.handle)
-    wd = backend.prepare(w, problem.dtype, target.handle)
-    bd = None if bias is None else backend.prepare(bias, problem.dtype, target.handle)
-    y = impl.conv2d(problem, xd, wd, bd, target.handle)
-    return backend.finish(y, x, target.handle)
+    if measure:
+        return choose_by_measuring("conv2d", problem, target, repeats=repeats)
+    return choose("conv2d", problem, target)
 
 
-def algorithms(device="cpu") -> list[str]:
-    """The algorithms offered on ``device`` (see :func:`conv2d` for each one).
+def algorithms(device="cpu", op="conv2d") -> list[str]:
+    """The algorithms offered on ``device`` for the operation ``op`` (see :func:`conv2d` for each one).
 
     Parameters
     ----------
     device : str or dpctl.SyclDevice or dpctl.SyclQueue, default "cpu"
         As the ``device=`` of :func:`conv2d` (None means ``"cpu"``).
+    op : {"conv2d"}, default "conv2d"
+        The operation.
 
     Returns
     -------
     list of str
         Registered algorithm names, ``"auto"`` excluded.
     """
+    op = registry.check_operation(op)
     if device is None:
         device = "cpu"
-    target = resolve_device(device, None, None, None)
-    return registry.algorithm_names(target.backend.name)
+    return registry.algorithm_names(resolve_device(device).name, op)
 
 
 def devices() -> list[str]:
@@ -172,4 +216,4 @@ def devices() -> list[str]:
     return _devices()
 
 
-__all__ = ["conv2d", "algorithms", "devices", "build_problem", "get_backend"]
+__all__ = ["conv2d", "choose_algorithm", "algorithms", "devices", "build_problem", "check_algo"]

@@ -14,14 +14,11 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 import convlib
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.reference import TOLERANCE, conv2d_reference_for, relative_error  # noqa: E402
+from convlib.testing import TOLERANCE, conv2d_reference_for, relative_error
 
 
 def best_time(fn, repeats=5):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from convlib import registry
-from convlib.backends import get_backend
+from convlib.dispatch import registry
+from convlib.dispatch.devices import get_backend
 
 
 def device_for(backend: str) -> str:
@@ -37,7 +37,7 @@ def random_arrays(rng, problem, *, with_bias=None):
 
 
 def all_pairs():
-    return [pytest.param(b, a, id=f"{b}-{a}") for b, a in registry.pairs()]
+    return [pytest.param(b, a, id=f"{b}-{a}") for _, b, a in registry.entries("conv2d")]
 
 
 @pytest.fixture

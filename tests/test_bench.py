@@ -11,10 +11,12 @@ import types
 import numpy as np
 import pytest
 
-from convlib import registry
-from convlib.bench import runner, suites
+from convlib import testing
+from convlib.bench import check, runner, suites
 from convlib.bench.__main__ import main
-from convlib.problem import ConvProblem
+from convlib.core.timing import time_interleaved
+from convlib.dispatch import registry
+from convlib.core.problem import ConvProblem
 
 pytest.importorskip("torch")
 
@@ -59,7 +61,7 @@ def test_time_interleaved_round_robin_budget_and_errors():
 
     ticks = []
     firsts = {}
-    timings = runner.time_interleaved({"a": make("a"), "b": make("b"), "bad": broken}, repeats=3, warmup=1,
+    timings = time_interleaved({"a": make("a"), "b": make("b"), "bad": broken}, repeats=3, warmup=1,
                                       on_first=lambda n, r: firsts.setdefault(n, r), tick=ticks.append)
     assert sum(ticks) == runner.planned_calls(3, 3, 1)
     assert firsts == {"a": "a", "b": "b"}
@@ -70,7 +72,7 @@ def test_time_interleaved_round_robin_budget_and_errors():
     t = timings["a"]
     assert t.min_s <= t.median_s and t.quartiles_s[0] <= t.median_s <= t.quartiles_s[1]
     # A budget smaller than one call leaves one timed call.
-    slow = runner.time_interleaved({"a": make("a")}, repeats=5, warmup=1, max_seconds=0.0)
+    slow = time_interleaved({"a": make("a")}, repeats=5, warmup=1, max_seconds=0.0)
     assert len(slow["a"].times_s) == 1
 
 
@@ -79,9 +81,9 @@ def test_relative_error_in_chunks():
     ref = rng.standard_normal((70, 3, 5, 5))
     y = (ref * (1 + 1e-6)).astype(np.float32)
     expected = np.linalg.norm(y.astype(np.float64) - ref) / np.linalg.norm(ref)
-    assert math.isclose(runner.relative_error(y, ref), expected, rel_tol=1e-9)
+    assert math.isclose(testing.relative_error(y, ref), expected, rel_tol=1e-9)
     with pytest.raises(ValueError, match="shape"):
-        runner.relative_error(y[:1], ref)
+        testing.relative_error(y[:1], ref)
 
 
 @pytest.fixture
@@ -89,9 +91,10 @@ def wrong_algorithm(monkeypatch):
     """A registered CPU algorithm that answers quickly and wrongly."""
     module = types.ModuleType("convlib_test_wrong_algorithm")
     module.supports = lambda problem: None
-    module.conv2d = lambda problem, x, w, bias, device: np.ones(problem.y_shape, problem.dtype)
+    module.run = lambda problem, x, w, bias, device: np.ones(problem.y_shape, problem.dtype)
+    module.workspace_bytes = lambda problem, device=None: 0
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(registry._IMPLEMENTATIONS, ("cpu", "wrong"), module.__name__)
+    monkeypatch.setitem(registry._IMPLEMENTATIONS, ("conv2d", "cpu", "wrong"), module.__name__)
     return "wrong"
 
 
@@ -108,12 +111,15 @@ def test_run_problem_flags_wrong_answers_and_skips_unsupported(wrong_algorithm):
     assert by_name["wrong"]["note"].startswith("WRONG")
     assert by_name["auto"]["picked"] in registry.algorithm_names("cpu")
     assert by_name["direct"]["reference"] == "torch-float64"
-    assert by_name["direct"]["rel_error"] <= runner.TOLERANCE["float32"]
+    assert by_name["direct"]["rel_error"] <= check.TOLERANCE["float32"]
 
 
 def test_time_candidates_for_the_selector():
+    from convlib.dispatch.devices import resolve_device
+    from convlib.dispatch.measure import time_algorithms
+
     problem = ConvProblem(1, 2, 6, 6, 2, 3, 3)
-    timings = runner.time_candidates(problem, ["direct", "im2col", "auto"], "cpu", repeats=1)
+    timings = time_algorithms("conv2d", problem, resolve_device("cpu"), ["direct", "im2col", "auto"], repeats=1)
     assert set(timings) == {"direct", "im2col", "auto"}
     assert all(t > 0 for t in timings.values())
 

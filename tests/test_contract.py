@@ -1,6 +1,6 @@
 """The contract: every registered (backend, algorithm) gives the reference's answer.
 
-One test, parametrised over every pair in :func:`convlib.registry.pairs` and over awkward shapes,
+One test, parametrised over every pair in :func:`convlib.dispatch.registry.entries` and over awkward shapes,
 both dtypes. Pairs that cannot serve a case must say so with ``NotImplementedError`` naming the
 algorithms that can; pairs whose backend is not installed here are skipped (their own test
 modules decide when that is a failure).
@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 import convlib
-from convlib.problem import ConvProblem
+from convlib.dispatch import registry
+from convlib.core.problem import ConvProblem
 
 from .conftest import all_pairs, device_for, random_arrays
-from .reference import TOLERANCE, conv2d_reference_for, relative_error
+from convlib.testing import TOLERANCE, conv2d_reference_for, relative_error
 
 # (N, C, H, W, K, R, S, stride, padding (top, bottom, left, right), dilation, groups, bias)
 CASES = {
@@ -54,7 +55,7 @@ def run_pair(backend, algo, problem, x, w, b):
 def test_matches_reference(backend, algo, case, dtype, rng):
     problem = make_case(case, dtype)
     x, w, b = random_arrays(rng, problem)
-    reason = convlib.api.unsupported_reason(backend, algo, problem)
+    reason = registry.unsupported_reason("conv2d", backend, algo, problem)
     if reason is not None:
         with pytest.raises(NotImplementedError, match="Algorithms that can: .*direct"):
             run_pair(backend, algo, problem, x, w, b)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from convlib.cpu import blis
-from convlib.cpu.blocking import BLIS_BLOCKING, BlisBlocking, blis_blocking
-from convlib.problem import ConvProblem
+from convlib.core.problem import ConvProblem
+from convlib.cpu import blis, isa, micro_kernels, packing, tables
+from convlib.cpu.tables import KNOBS, BlisBlocking, blis_blocking
 
 from .conftest import random_arrays
-from .reference import TOLERANCE, conv2d_reference_for, relative_error
+from convlib.testing import TOLERANCE, conv2d_reference_for, relative_error
 
 #: Tiny blocks: several jc, pc, ic, jr, ir iterations with ragged ends on small problems.
 SMALL = {dtype: BlisBlocking(MC=6, KC=7, NC=16, MR=3, NR=8) for dtype in ("float32", "float64")}
@@ -82,7 +82,9 @@ def test_small_blocks_match_reference(case, dtype, rng):
     problem = _problem(case, dtype)
     x, w, b = random_arrays(rng, problem)
     x0, w0 = x.copy(), w.copy()
-    _check(problem, blis.conv2d(problem, x, w, b, blocking=SMALL[dtype]), x, w, b)
+    with KNOBS.override(blis_blocking=SMALL[dtype]):
+        y = blis.run(problem, x, w, b)
+    _check(problem, y, x, w, b)
     assert np.array_equal(x, x0) and np.array_equal(w, w0)
 
 
@@ -92,7 +94,8 @@ def test_thread_grids(threads, rng):
     for case in ("straddling-tiles", "groups-odd-K", "same-3x3-linear", "pointwise-straddling"):
         problem = _problem(case, "float64")
         x, w, b = random_arrays(rng, problem)
-        y = blis.conv2d(problem, x, w, b, blocking=SMALL["float64"], threads=threads)
+        with KNOBS.override(blis_blocking=SMALL["float64"], blis_partitions=threads):
+            y = blis.run(problem, x, w, b)
         _check(problem, y, x, w, b)
 
 
@@ -124,7 +127,7 @@ def test_table_blocking_matches_reference_on_many_tiles(dtype, rng):
     # The table's own blocking, with more than one jc block and a ragged last tile.
     problem = ConvProblem(3, 20, 23, 29, 37, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, dtype, True)
     x, w, b = random_arrays(rng, problem)
-    _check(problem, blis.conv2d(problem, x, w, b), x, w, b)
+    _check(problem, blis.run(problem, x, w, b), x, w, b)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -136,9 +139,9 @@ def test_workspace_bytes_is_what_is_allocated(dtype, threads):
         assert sum(a.nbytes for a in arrays.values()) == blocking.workspace_bytes(problem, threads)
 
 
-@pytest.mark.parametrize("key", list(BLIS_BLOCKING))
+@pytest.mark.parametrize("key", list(tables.all_blis_blockings()))
 def test_workspace_is_independent_of_batch_and_image_size(key):
-    blocking = BLIS_BLOCKING[key]
+    blocking = tables.all_blis_blockings()[key]
     dtype = key[1]
     problems = [
         ConvProblem(n, 64, h, h, 128, 3, 3, padding=(1, 1, 1, 1), dtype=dtype) for n in (8, 64) for h in (64, 512)
@@ -153,14 +156,14 @@ def test_workspace_is_independent_of_batch_and_image_size(key):
 
 
 def test_blocking_table_is_consistent():
-    for blocking in BLIS_BLOCKING.values():
+    for blocking in tables.all_blis_blockings().values():
         assert blocking.MC % blocking.MR == 0 and blocking.NC % blocking.NR == 0
     with pytest.raises(ValueError):
         BlisBlocking(MC=10, KC=8, NC=16, MR=3, NR=8)
 
 
 def test_micro_kernel_source_unrolls_rows_and_vectors():
-    source = blis.render_micro_kernel(3, 32, 8)
+    source = micro_kernels.render_micro_kernel(3, 32, 8)
     assert "def micro_kernel_3x32(" in source
     for i in range(3):
         for v in range(4):
@@ -171,8 +174,8 @@ def test_micro_kernel_source_unrolls_rows_and_vectors():
 def test_micro_kernel_lanes_divide_NR():
     for itemsize in (4, 8):
         for NR in (8, 12, 16, 32, 64):
-            lanes = blis.micro_kernel_lanes(3, NR, itemsize)
-            assert NR % lanes == 0 and lanes * itemsize <= blis.simd_bytes()
+            lanes = micro_kernels.micro_kernel_lanes(3, NR, itemsize)
+            assert NR % lanes == 0 and lanes * itemsize <= isa.simd_bytes()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -183,9 +186,9 @@ def test_pointwise_packing_in_tap_blocks(case, dtype, rng):
     from dataclasses import replace
 
     problem = replace(POINTWISE_DEEP[case], dtype=dtype)
-    assert problem.C_per_group > blis.POINTWISE_TAP_BLOCK
+    assert problem.C_per_group > packing.POINTWISE_TAP_BLOCK
     x, w, b = random_arrays(rng, problem)
-    _check(problem, blis.conv2d(problem, x, w, b), x, w, b)
+    _check(problem, blis.run(problem, x, w, b), x, w, b)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -196,4 +199,4 @@ def test_strided_rows_with_table_blocking(stride, dtype, rng):
     problem = ConvProblem(3, 5, 21, 70, 7, 3, 3, stride=stride, padding=(1, 1, 1, 1),
                           dtype=dtype, has_bias=True)
     x, w, b = random_arrays(rng, problem)
-    _check(problem, blis.conv2d(problem, x, w, b), x, w, b)
+    _check(problem, blis.run(problem, x, w, b), x, w, b)

@@ -11,14 +11,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from convlib.cpu import direct
-from convlib.problem import ConvProblem
+from convlib.core.problem import ConvProblem
+from convlib.cpu import direct, tables
+from convlib.cpu.tables import KNOBS
 
 from .conftest import random_arrays
-from .reference import TOLERANCE, conv2d_reference_for, relative_error
+from convlib.testing import TOLERANCE, conv2d_reference_for, relative_error
 
 ALL_BLOCKS = sorted(
-    {(dtype, b) for table in direct.DIRECT_BLOCKINGS.values() for dtype, bs in table.items() for b in bs},
+    {(dtype, b) for (_, dtype), bs in tables.all_direct_blockings().items() for b in bs},
     key=lambda item: (item[0], item[1].KB, item[1].QB),
 )
 
@@ -45,13 +46,14 @@ def problem_for(name, dtype):
 
 @pytest.mark.parametrize("case", list(EDGE_CASES))
 @pytest.mark.parametrize("dtype, block", ALL_BLOCKS, ids=lambda v: f"{v.KB}x{v.QB}" if hasattr(v, "KB") else v)
-def test_every_block_matches_reference(monkeypatch, rng, dtype, block, case):
+def test_every_block_matches_reference(rng, dtype, block, case):
     problem = problem_for(case, dtype)
-    monkeypatch.setattr(direct, "choose_blocking", lambda p: block)
-    monkeypatch.setattr(direct, "SERIAL_BELOW_FLOPS", 0)  # every thread takes work items
     x, w, b = random_arrays(rng, problem)
     copies = (x.copy(), w.copy(), None if b is None else b.copy())
-    y = direct.conv2d(problem, x, w, b, None)
+    # The one candidate block, and every thread taking work items.
+    with KNOBS.override(direct_blockings=(block,), direct_serial_below_flops=0):
+        assert direct.choose_blocking(problem) == block
+        y = direct.run(problem, x, w, b, None)
     assert y.shape == problem.y_shape and y.dtype == np.dtype(dtype)
     assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[dtype]
     assert np.array_equal(x, copies[0]) and np.array_equal(w, copies[1])
@@ -63,9 +65,9 @@ def test_every_block_matches_reference(monkeypatch, rng, dtype, block, case):
 def test_any_schedule(monkeypatch, rng, chunk_blocks, k_ranges):
     problem = problem_for("groups", "float32")
     monkeypatch.setattr(direct, "schedule", lambda p, b, threads=None: direct.Schedule(chunk_blocks, k_ranges))
-    monkeypatch.setattr(direct, "SERIAL_BELOW_FLOPS", 0)
     x, w, b = random_arrays(rng, problem)
-    y = direct.conv2d(problem, x, w, b, None)
+    with KNOBS.override(direct_serial_below_flops=0):
+        y = direct.run(problem, x, w, b, None)
     assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float32"]
 
 
@@ -92,21 +94,21 @@ def test_empty_batch():
     problem = ConvProblem(0, 3, 8, 8, 4, 3, 3, padding=(1, 1, 1, 1))
     x = np.zeros(problem.x_shape, np.float32)
     w = np.ones(problem.w_shape, np.float32)
-    assert direct.conv2d(problem, x, w, None, None).shape == (0, 4, 8, 8)
+    assert direct.run(problem, x, w, None, None).shape == (0, 4, 8, 8)
 
 
-def test_thread_count_does_not_change_the_result(monkeypatch, rng):
+def test_thread_count_does_not_change_the_result(rng):
     import numba
 
     problem = problem_for("wrapping-rows", "float64")
-    monkeypatch.setattr(direct, "SERIAL_BELOW_FLOPS", 0)
     x, w, b = random_arrays(rng, problem)
     threads = numba.get_num_threads()
     results = []
     for count in sorted({1, threads}):
         numba.set_num_threads(count)
         try:
-            results.append(direct.conv2d(problem, x, w, b, None))
+            with KNOBS.override(direct_serial_below_flops=0):
+                results.append(direct.run(problem, x, w, b, None))
         finally:
             numba.set_num_threads(threads)
         assert numba.get_num_threads() == threads
@@ -117,8 +119,8 @@ def test_small_problems_leave_the_thread_count_alone(rng):
     import numba
 
     problem = problem_for("tiny-image", "float32")
-    assert problem.flops < direct.SERIAL_BELOW_FLOPS
+    assert problem.flops < KNOBS.direct_serial_below_flops
     threads = numba.get_num_threads()
     x, w, b = random_arrays(rng, problem)
-    direct.conv2d(problem, x, w, b, None)
+    direct.run(problem, x, w, b, None)
     assert numba.get_num_threads() == threads

@@ -5,8 +5,9 @@ Runs in three places:
 * without numba-cuda (e.g. numba < 0.60): only the test that asking for CUDA says how to install
   it runs; everything else skips;
 * under numba-cuda's simulator on any CPU (``NUMBA_ENABLE_CUDASIM=1 pytest tests/test_cuda.py``):
-  tiny shapes, tiny blocks (:data:`convlib.cuda.blocking.SIMULATOR_GEMM_TILES`), a few seconds;
-* on a GPU (``python -m convlib.cuda.gpu_check``): the same tests with larger shapes, plus CuPy,
+  tiny shapes, tiny blocks (the ``simulator_gemm_tiles`` knob of :mod:`convlib.cuda.tables`), a
+  few seconds;
+* on a GPU (``python -m convlib.bench.gpu_check``): the same tests with larger shapes, plus CuPy,
   PyTorch and numba device arrays, streams, non-contiguous inputs and both im2col GEMM engines.
 """
 
@@ -18,10 +19,11 @@ import numpy as np
 import pytest
 
 import convlib
-from convlib.backends import BackendUnavailable, get_backend
-from convlib.problem import ConvProblem
+from convlib import BackendUnavailable
+from convlib.dispatch.devices import get_backend
+from convlib.core.problem import ConvProblem
 
-from .reference import TOLERANCE, conv2d_reference_for, relative_error
+from convlib.testing import TOLERANCE, conv2d_reference_for, relative_error
 
 HAS_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
 ALGOS = ("direct", "im2col", "blis")
@@ -122,43 +124,41 @@ def test_matches_reference(algo, case, poisoned_outputs):
 @pytest.mark.parametrize("engine", ["own", "cublas"])
 def test_im2col_engines(engine, poisoned_outputs):
     from convlib.cuda import im2col
+    from convlib.cuda.tables import KNOBS
 
     if engine == "cublas" and (STATE != "gpu" or not im2col.cupy_available()):
         pytest.skip("cuBLAS through CuPy needs a GPU and CuPy")
     problem = make_problem("stride-asympad-dilation-groups-bias")
     x, w, b = random_inputs(problem, seed=3)
-    with im2col.gemm_engine(engine):
+    with KNOBS.override(im2col_gemm=engine):
         assert im2col.resolved_engine(STATE == "simulator") == engine
         y = call(problem, x, w, b, "im2col")
     assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[problem.dtype]
 
 
 @needs_cuda
-def test_blis_without_tap_table(monkeypatch):
+def test_blis_without_tap_table():
     """Reductions too long for the constant-memory tap table decode taps by division instead."""
-    from convlib.cuda import blis, gemm
+    from convlib.cuda import gemm
+    from convlib.cuda.tables import KNOBS
 
     problem = make_problem("stride-asympad-dilation-groups-bias")
-    assert gemm._tap_table(problem, 4) is not None
-    monkeypatch.setattr(gemm, "TAP_TABLE_LIMIT", 0)
-    for cached in (gemm.gemm_kernel, blis._plan):
-        cached.cache_clear()
-    try:
-        x, w, b = random_inputs(problem, seed=12)
+    assert gemm._tap_table(problem, 4, KNOBS.tap_table_bytes) is not None
+    assert gemm._tap_table(problem, 4, 0) is None
+    x, w, b = random_inputs(problem, seed=12)
+    with KNOBS.override(tap_table_bytes=0):
         y = call(problem, x, w, b, "blis")
-    finally:
-        for cached in (gemm.gemm_kernel, blis._plan):
-            cached.cache_clear()
     assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[problem.dtype]
 
 
 @needs_cuda
-def test_im2col_batch_chunks(monkeypatch):
+def test_im2col_batch_chunks():
     """A workspace cap of one image forces one chunk per image."""
     problem = make_problem("1x1-stride2")
-    monkeypatch.setattr(ConvProblem, "im2col_batch_chunk", lambda self, cap_bytes=0: 1)
     x, w, b = random_inputs(problem, seed=4)
-    y = call(problem, x, w, b, "im2col")
+    with convlib.option_context(im2col_workspace_cap=1):
+        assert problem.im2col_batch_chunk() == 1
+        y = call(problem, x, w, b, "im2col")
     assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[problem.dtype]
 
 
@@ -200,7 +200,7 @@ def test_device_arrays_in_device_array_out(algo):
     device arrays in, a device array out, no host copy."""
     from numba import cuda
 
-    from convlib import registry
+    from convlib.dispatch import registry
 
     problem = make_problem("1x1-padded-f64")
     x, w, b = random_inputs(problem, seed=6)
@@ -209,7 +209,7 @@ def test_device_arrays_in_device_array_out(algo):
     target = backend.resolve("cuda", [dx, dw])
     xd, wd = backend.prepare(dx, problem.dtype, target), backend.prepare(dw, problem.dtype, target)
     assert xd is dx or STATE == "gpu"  # the simulator's arrays pass through untouched
-    y = registry.implementation("cuda", algo).conv2d(problem, xd, wd, None, target)
+    y = registry.implementation("conv2d", "cuda", algo).run(problem, xd, wd, None, target)
     out = backend.finish(y, dx, target)
     assert not isinstance(out, np.ndarray) and out.shape == problem.y_shape
     assert relative_error(out.copy_to_host(), conv2d_reference_for(problem, x, w, None)) <= TOLERANCE[problem.dtype]
@@ -220,12 +220,8 @@ def test_missing_numba_cuda_says_how_to_install(monkeypatch):
     from convlib.cuda import backend
 
     monkeypatch.setattr(backend, "_numba_cuda_installed", lambda: False)
-    backend._unavailable_reason.cache_clear()
-    try:
-        with pytest.raises(BackendUnavailable, match=r"pip install 'convlib\[cuda\]'"):
-            convlib.conv2d(np.ones((1, 1, 3, 3)), np.ones((1, 1, 2, 2)), device="cuda")
-    finally:
-        backend._unavailable_reason.cache_clear()
+    with pytest.raises(BackendUnavailable, match=r"pip install 'convlib\[cuda\]'"):
+        convlib.conv2d(np.ones((1, 1, 3, 3)), np.ones((1, 1, 2, 2)), device="cuda")
 
 
 @pytest.mark.skipif(not HAS_NUMBA_CUDA, reason="numba-cuda not installed")

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import convlib
-from convlib import output_cache
+from convlib.core import output_cache
 
-from .reference import TOLERANCE, conv2d_reference, relative_error
+from convlib.testing import TOLERANCE, conv2d_reference, relative_error
 
 MiB = 2**20
 

@@ -8,10 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import convlib
-from convlib.problem import ConvProblem
+from convlib.dispatch import registry
+from convlib.core.problem import ConvProblem
 
 from .conftest import all_pairs, device_for
-from .reference import TOLERANCE, conv2d_reference_for, relative_error
+from convlib.testing import TOLERANCE, conv2d_reference_for, relative_error
 
 
 @st.composite
@@ -42,7 +43,7 @@ def test_random_problems(backend, algo, problem, seed):
     w = rng.standard_normal(problem.w_shape).astype(problem.dtype)
     b = rng.standard_normal(problem.K).astype(problem.dtype) if problem.has_bias else None
     kwargs = dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation, groups=problem.groups)
-    if convlib.api.unsupported_reason(backend, algo, problem) is not None:
+    if registry.unsupported_reason("conv2d", backend, algo, problem) is not None:
         with pytest.raises(NotImplementedError):
             convlib.conv2d(x, w, b, algo=algo, device=device, **kwargs)
         return

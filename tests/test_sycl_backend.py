@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import convlib
-from convlib.backends import BackendUnavailable
+from convlib import BackendUnavailable
 
-from .reference import TOLERANCE, conv2d_reference, conv2d_reference_for, relative_error
+from convlib.testing import TOLERANCE, conv2d_reference, conv2d_reference_for, relative_error
 
 pytestmark = [
     pytest.mark.sycl,
@@ -190,8 +190,8 @@ def test_cpu_device_results_reuse_dropped_memory(mods, monkeypatch):
     is, and results stay right through the reuse."""
     import gc
 
-    from convlib import output_cache
-    from convlib.sycl import common
+    from convlib.core import output_cache
+    from convlib.sycl import memory
 
     monkeypatch.setattr(output_cache, "MIN_BYTES", 1)
     output_cache.clear()
@@ -203,19 +203,19 @@ def test_cpu_device_results_reuse_dropped_memory(mods, monkeypatch):
         def address(a):
             return a.__sycl_usm_array_interface__["data"][0]
 
-        a = common.device_empty((64, 64), "float32", q, result=True)
+        a = memory.device_empty((64, 64), "float32", q, result=True)
         where = address(a)
-        view = common.host_view(a)
+        view = memory.host_view(a)
         view[...] = 5
         row = a[3]
         del a
         gc.collect()
-        b = common.device_empty((64, 64), "float32", q, result=True)
+        b = memory.device_empty((64, 64), "float32", q, result=True)
         assert address(b) != where
         assert float(mods.dpt.asnumpy(row)[0]) == 5 and (view == 5).all()
         del row, view
         gc.collect()
-        c = common.device_empty((16, 256), "float32", q, result=True)
+        c = memory.device_empty((16, 256), "float32", q, result=True)
         assert address(c) == where
 
         rng = np.random.default_rng(1)
@@ -230,3 +230,40 @@ def test_cpu_device_results_reuse_dropped_memory(mods, monkeypatch):
                 assert relative_error(y, ref) <= 10 * TOLERANCE["float32"]
     finally:
         output_cache.clear()
+
+
+# -- the tuning cache's key: the device, not the object that named it --------------------------
+def test_a_measured_choice_follows_the_device_not_the_queue_object(mods, data, tmp_path, monkeypatch):
+    """A SyclQueue's str() holds its address, and device=None once keyed every SYCL device as
+    "sycl": now one device has one identity, found again from any queue or name of it, and a
+    choice made on one device is not applied to another."""
+    from convlib.dispatch import tuning
+    from convlib.dispatch.devices import resolve_device
+
+    monkeypatch.setenv("CONVLIB_CACHE_DIR", str(tmp_path))
+    tuning.forget_measurements()
+    try:
+        x, w, b, _ = data
+        dpctl, dpnp = mods.dpctl, mods.dpnp
+        device = dpctl.SyclDevice("opencl:cpu:0")
+        q1, q2 = dpctl.SyclQueue(device), dpctl.SyclQueue(device)
+        assert str(q1) != str(q2) or q1 is not q2
+        names = [q1, q2, device, "opencl:cpu:0", "opencl:cpu"]
+        identities = {resolve_device(d).identity for d in names}
+        on_data = resolve_device(None, dpnp.asarray(x, sycl_queue=q2)).identity
+        assert len(identities) == 1 and on_data in identities
+        (identity,) = identities
+        assert "0x" not in identity and identity != resolve_device("cpu").identity
+
+        problem = convlib.build_problem(x, w, b, padding=1)
+        tuning.store(tuning.problem_key("conv2d", problem, identity), "blis", {"blis": 1.0})
+        tuning.forget_measurements()  # as a new process would
+        for d in (q2, "opencl:cpu:0"):
+            choice = convlib.choose_algorithm(x, w, b, padding=1, device=d)
+            assert choice.algo == "blis" and "tuning cache" in choice.reason
+        # Not on the CPU, nor on another SYCL device (another name or driver).
+        assert "tuning cache" not in convlib.choose_algorithm(x, w, b, padding=1, device="cpu").reason
+        tuning.store(tuning.problem_key("conv2d", problem, identity + " (another driver)"), "im2col", {})
+        assert convlib.choose_algorithm(x, w, b, padding=1, device=q1).algo == "blis"
+    finally:
+        tuning.forget_measurements()

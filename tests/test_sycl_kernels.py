@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import convlib
-from convlib.config import option_context
-from convlib.problem import ConvProblem
+from convlib import option_context
+from convlib.core.problem import ConvProblem
 
 from .conftest import random_arrays
-from .reference import TOLERANCE, conv2d_reference_for, relative_error
+from convlib.testing import TOLERANCE, conv2d_reference_for, relative_error
 from .test_contract import CASES, make_case
 
 pytestmark = [
@@ -44,13 +44,13 @@ def mods():
 
 
 def run(problem, x, w, b, algo, gemm=None, device="sycl"):
-    from convlib.sycl import im2col
+    from convlib.sycl.tables import KNOBS
 
     kwargs = dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation,
                   groups=problem.groups, algo=algo, device=device)
     if gemm is None:
         return convlib.conv2d(x, w, b, **kwargs)
-    with im2col.use_gemm(gemm):
+    with KNOBS.override(im2col_gemm=gemm):
         return convlib.conv2d(x, w, b, **kwargs)
 
 
@@ -93,22 +93,22 @@ SWEEP = ConvProblem(2, 6, 11, 13, 10, 3, 2, stride=(2, 1), padding=(1, 2, 0, 1),
 )
 @pytest.mark.parametrize("algo, gemm", VARIANTS, ids=[a if g is None else f"{a}-{g}" for a, g in VARIANTS])
 def test_blocking_sweeps(mods, algo, gemm, table, rng):
-    from convlib.sycl import blocking
+    from convlib.sycl.tables import KNOBS
 
     x, w, b = random_arrays(rng, SWEEP)
-    with blocking.override(**table):
+    with KNOBS.override(**table):
         y = run(SWEEP, x, w, b, algo, gemm)
     assert_close(y, SWEEP, x, w, b)
 
 
 @pytest.mark.parametrize("gemm", ["onemkl", "kernel"])
 def test_im2col_chunks_the_batch(mods, gemm, rng, monkeypatch):
-    from convlib.sycl import common
+    from convlib.sycl import memory
 
     problem = ConvProblem(5, 3, 9, 8, 4, 3, 3, padding=(1, 1, 1, 1), has_bias=True)
     x, w, b = random_arrays(rng, problem)
     shapes = []
-    real_empty = common.device_empty
+    real_empty = memory.device_empty
 
     def spy(shape, dtype, queue, **kwargs):
         shapes.append(tuple(shape))
@@ -123,13 +123,14 @@ def test_im2col_chunks_the_batch(mods, gemm, rng, monkeypatch):
 
 
 def test_blis_workspace_does_not_grow_with_the_image(mods, rng, monkeypatch):
-    from convlib.sycl import blocking, common
+    from convlib.sycl import memory
+    from convlib.sycl.tables import KNOBS
 
     sizes = []
-    real_empty = common.device_empty
+    real_empty = memory.device_empty
     monkeypatch.setattr("convlib.sycl.blis.device_empty",
                         lambda shape, dtype, queue, **kw: sizes.append(tuple(shape)) or real_empty(shape, dtype, queue, **kw))
-    with blocking.override(blis_kc=16, blis_nc=32):
+    with KNOBS.override(blis_kc=16, blis_nc=32):
         for n, h in ((1, 8), (3, 20)):
             problem = ConvProblem(n, 4, h, h, 8, 3, 3, padding=(1, 1, 1, 1))
             x, w, b = random_arrays(rng, problem)
@@ -147,15 +148,15 @@ def test_kernel_factories_are_cached(mods):
 
 
 def test_unknown_gemm_engine():
-    from convlib.sycl import im2col
+    from convlib.sycl.tables import KNOBS
 
     with pytest.raises(ValueError, match="gemm='cublas'"):
-        with im2col.use_gemm("cublas"):
+        with KNOBS.override(im2col_gemm="cublas"):
             pass
 
 
 def test_work_group_clamping():
-    from convlib.sycl.blocking import padded, register_block, row_work_group, work_group
+    from convlib.sycl.launch import padded, register_block, row_work_group, work_group
 
     device = SimpleNamespace(max_work_group_size=256, local_mem_size=4096,
                              max_work_item_sizes1d=(256,), max_work_item_sizes2d=(64, 256),

@@ -248,7 +248,7 @@ def test_workaround_rpath_still_needed():
 def test_workaround_fma_still_needed(mods):
     """WORKAROUND(numba-dpex-0.23-no-fma): fails once numba-dpex fuses ``a * b + c`` by itself."""
     dpex, kapi, dpt = mods.dpex, mods.kapi, mods.dpt
-    from convlib.sycl.common import fused_multiply_add
+    from convlib.sycl.launch import fused_multiply_add
 
     fma = fused_multiply_add()
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import convlib
-from convlib.problem import ConvProblem
+from convlib.core.problem import ConvProblem
 
 from .conftest import random_arrays
-from .reference import conv2d_reference_for, relative_error
+from convlib.testing import conv2d_reference_for, relative_error
 
 pytestmark = [
     pytest.mark.sycl,
@@ -58,12 +58,12 @@ def test_accuracy_on_a_resnet_layer(mods, rng, algo, dtype):
 @pytest.mark.parametrize("engine", ["onemkl", "kernel"])
 @pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
 def test_agrees_with_cpu_winograd(mods, rng, algo, engine):
-    from convlib.sycl import im2col
+    from convlib.sycl.tables import KNOBS
 
     # Partial tiles at both edges, asymmetric padding, groups, bias.
     problem = ConvProblem(2, 8, 11, 13, 12, 3, 3, padding=(2, 0, 1, 3), groups=2, dtype="float32", has_bias=True)
     x, w, b = random_arrays(rng, problem)
-    with im2col.use_gemm(engine):
+    with KNOBS.override(im2col_gemm=engine):
         y_sycl = np.asarray(conv(problem, x, w, b, algo))
     y_cpu = conv(problem, x, w, b, algo, device="cpu")
     assert relative_error(y_sycl, y_cpu) <= 1e-5
@@ -71,27 +71,30 @@ def test_agrees_with_cpu_winograd(mods, rng, algo, engine):
 
 
 @pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
-def test_batch_chunks(mods, rng, monkeypatch, algo):
+def test_batch_chunks(mods, rng, algo):
     from convlib.sycl import winograd
+    from convlib.sycl.tables import KNOBS
 
     problem = ConvProblem(5, 3, 9, 7, 4, 3, 3, padding=(1, 2, 0, 1), dtype="float32", has_bias=True)
     impl = winograd.F2 if algo == "winograd2" else winograd.F4
     # About two images per chunk: three chunks, the last one short.
-    monkeypatch.setattr(winograd, "CHUNK_BYTES", 2 * impl.workspace_bytes(problem, chunk_bytes=1)
-                        // problem.itemsize * problem.itemsize)
-    assert 1 < impl.batch_chunk(problem) < problem.N
+    chunk_bytes = 2 * impl.workspace_bytes(problem, chunk_bytes=1) // problem.itemsize * problem.itemsize
     x, w, b = random_arrays(rng, problem)
-    err = relative_error(np.asarray(conv(problem, x, w, b, algo)), conv2d_reference_for(problem, x, w, b))
+    with KNOBS.override(winograd_chunk_bytes=chunk_bytes):
+        assert 1 < impl.batch_chunk(problem) < problem.N
+        y = np.asarray(conv(problem, x, w, b, algo))
+    err = relative_error(y, conv2d_reference_for(problem, x, w, b))
     assert err <= BOUNDS[(algo, "float32")]
 
 
 def test_workspace_is_bounded():
     from convlib.sycl import winograd
+    from convlib.sycl.tables import KNOBS
 
     small = ConvProblem(1, 64, 56, 56, 64, 3, 3, padding=(1, 1, 1, 1))
     large = ConvProblem(1024, 64, 56, 56, 64, 3, 3, padding=(1, 1, 1, 1))
     assert winograd.F4.batch_chunk(large) < large.N
-    assert winograd.F4.workspace_bytes(large) <= winograd.CHUNK_BYTES + winograd.F4.workspace_bytes(small)
+    assert winograd.F4.workspace_bytes(large) <= KNOBS.winograd_chunk_bytes + winograd.F4.workspace_bytes(small)
 
 
 def test_dpnp_in_dpnp_out(mods, rng):

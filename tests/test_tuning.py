@@ -8,15 +8,21 @@ import numpy as np
 import pytest
 
 import convlib
-from convlib import select, tuning
+from convlib.dispatch import tuning
+from convlib.dispatch.devices import resolve_device
 
 
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVLIB_CACHE_DIR", str(tmp_path))
-    select.forget_measurements()
+    tuning.forget_measurements()
     yield tmp_path
-    select.forget_measurements()
+    tuning.forget_measurements()
+
+
+def cpu_key(problem):
+    """The tuning cache's key for ``problem`` on this machine's CPU."""
+    return tuning.problem_key("conv2d", problem, resolve_device("cpu").identity)
 
 
 def _arrays():
@@ -31,7 +37,7 @@ def test_measure_times_candidates_and_remembers(cache_dir):
     data = json.loads((cache_dir / "tuning.json").read_text())
     assert data["format"] == tuning.FORMAT_VERSION and len(data["entries"]) == 1
     # A new process (simulated by forgetting the in-memory copy) reads the winner from the file.
-    select.forget_measurements()
+    tuning.forget_measurements()
     again = convlib.choose_algorithm(x, w, padding=1)
     assert again.algo == choice.algo and "tuning cache" in again.reason
 
@@ -39,8 +45,8 @@ def test_measure_times_candidates_and_remembers(cache_dir):
 def test_auto_follows_the_remembered_choice(cache_dir):
     x, w = _arrays()
     problem = convlib.build_problem(x, w, padding=1)
-    tuning.store(tuning.problem_key(problem, "cpu"), "im2col", {"im2col": 1.0})
-    select.forget_measurements()
+    tuning.store(cpu_key(problem), "im2col", {"im2col": 1.0})
+    tuning.forget_measurements()
     assert convlib.choose_algorithm(x, w, padding=1).algo == "im2col"
     assert convlib.choose_algorithm(x, w, padding=2).reason != "measured fastest on this machine (tuning cache)"
 
@@ -60,8 +66,8 @@ def test_corrupt_or_foreign_cache_is_ignored(cache_dir, content):
 def test_remembered_algo_that_cannot_serve_is_not_used(cache_dir):
     x, w = _arrays()
     problem = convlib.build_problem(x, w, stride=2)
-    tuning.store(tuning.problem_key(problem, "cpu"), "winograd", {"winograd": 1.0})
-    select.forget_measurements()
+    tuning.store(cpu_key(problem), "winograd", {"winograd": 1.0})
+    tuning.forget_measurements()
     assert convlib.choose_algorithm(x, w, stride=2).algo != "winograd"
 
 
@@ -88,7 +94,46 @@ class _no_warning:
     ],
 )
 def test_cpu_rules_on_resnet_layers(C, H, K, R, stride, padding, expected):
-    """The rules of select._cpu_rules, as measured on ResNet-50 v1.5 (docs/benchmarks.md)."""
+    """The rules of convlib.dispatch.select._cpu_rules, as measured on ResNet-50 v1.5 (docs/benchmarks.md)."""
     x = np.zeros((8, C, H, H), np.float32)
     w = np.zeros((K, C, R, R), np.float32)
     assert convlib.choose_algorithm(x, w, stride=stride, padding=padding).algo == expected
+
+
+# -- device identity: a measured choice is found again for the same device, never for another ----
+def test_cpu_identity_is_stable_and_names_the_thread_count():
+    import numba
+
+    first, again = resolve_device("cpu").identity, resolve_device(None, np.ones(3)).identity
+    assert first == again and "|" in first and "0x" not in first
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        one = resolve_device("cpu").identity
+    finally:
+        numba.set_num_threads(threads)
+    assert (one == first) == (threads == 1)
+
+
+def test_a_choice_measured_on_another_device_is_not_used(cache_dir):
+    x, w = _arrays()
+    problem = convlib.build_problem(x, w, padding=1)
+    other = resolve_device("cpu").identity + "-but-another-machine"
+    tuning.store(tuning.problem_key("conv2d", problem, other), "im2col", {"im2col": 1.0})
+    tuning.forget_measurements()
+    assert "tuning cache" not in convlib.choose_algorithm(x, w, padding=1).reason
+    # ... while the same entry under this CPU's identity is used.
+    tuning.store(cpu_key(problem), "im2col", {"im2col": 1.0})
+    assert convlib.choose_algorithm(x, w, padding=1).algo == "im2col"
+
+
+def test_an_old_format_cache_is_not_trusted(cache_dir):
+    """Format 1 keyed devices by str(device): its entries are ignored, not misapplied."""
+    x, w = _arrays()
+    problem = convlib.build_problem(x, w, padding=1)
+    fields = json.loads(tuning.problem_key("conv2d", problem, "cpu").split("|", 2)[2])
+    old_key = "cpu|" + json.dumps(fields, sort_keys=True)
+    (cache_dir / "tuning.json").write_text(json.dumps(
+        {"format": 1, "convlib": convlib.__version__, "entries": {old_key: {"algo": "im2col", "timings": {}}}}))
+    tuning.forget_measurements()
+    assert "tuning cache" not in convlib.choose_algorithm(x, w, padding=1).reason

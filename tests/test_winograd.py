@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 from scipy import signal
 
-from convlib.problem import ConvProblem
-from convlib.winograd_math import toom_cook_matrices, transform_matrices, winograd_correlate_tile
+from convlib.core.problem import ConvProblem
+from convlib.core.winograd_math import toom_cook_matrices, transform_matrices, winograd_correlate_tile
 
-from .reference import conv2d_reference_for, relative_error
+from convlib.testing import conv2d_reference_for, relative_error
 
 cpu_winograd = pytest.importorskip("convlib.cpu.winograd")
+cpu_winograd_transforms = pytest.importorskip("convlib.cpu.winograd_transforms")
+KNOBS = pytest.importorskip("convlib.cpu.tables").KNOBS
 
 #: Documented bounds (docs/algorithms.md, Winograd section): float32 on N(0, 1) data, and float64.
 BOUND_FLOAT32 = {2: 1e-5, 4: 1e-4}
@@ -78,7 +80,7 @@ def test_one_tile_matches_correlation(m, rng):
 @pytest.mark.parametrize("m", [2, 4])
 def test_hand_written_1d_transforms_match_the_matrices(m):
     t = transform_matrices(m)
-    mod = cpu_winograd
+    mod = cpu_winograd_transforms
     input_1d, output_1d, filter_1d = (
         (mod._input_1d_f2, mod._output_1d_f2, mod._filter_1d_f2) if m == 2
         else (mod._input_1d_f4, mod._output_1d_f4, mod._filter_1d_f4)
@@ -102,7 +104,7 @@ def _arrays(rng, problem, scale=None):
 
 def _run(algo, problem, x, w, b):
     x0, w0 = x.copy(), w.copy()
-    y = algo.conv2d(problem, x, w, b, None)
+    y = algo.run(problem, x, w, b, None)
     assert y.shape == problem.y_shape and y.dtype == np.dtype(problem.dtype)
     np.testing.assert_array_equal(x, x0)
     np.testing.assert_array_equal(w, w0)
@@ -134,14 +136,14 @@ def test_small_problems_match_reference(algo, problem, dtype, rng):
 
 @pytest.mark.parametrize("chunk_bytes", [1, 3000, 40000])
 @pytest.mark.parametrize("algo", ALGOS)
-def test_chunking_changes_nothing(algo, chunk_bytes, rng, monkeypatch):
+def test_chunking_changes_nothing(algo, chunk_bytes, rng):
     problem = ConvProblem(3, 3, 13, 27, 4, 3, 3, padding=(1, 2, 0, 1), dtype="float64", has_bias=True)
     x, w, b = _arrays(rng, problem)
     whole = _run(algo, problem, x, w, b)
-    monkeypatch.setattr(cpu_winograd, "CHUNK_BYTES", chunk_bytes)
-    plan = algo.chunk_plan(problem)
-    assert plan.padded_tiles >= 1
-    chunked = _run(algo, problem, x, w, b)
+    with KNOBS.override(winograd_chunk_bytes=chunk_bytes):
+        plan = algo.chunk_plan(problem)
+        assert plan.padded_tiles >= 1
+        chunked = _run(algo, problem, x, w, b)
     np.testing.assert_allclose(chunked, whole, rtol=1e-13, atol=1e-13)
     assert relative_error(chunked, conv2d_reference_for(problem, x, w, b)) <= BOUND_FLOAT64
 
@@ -177,7 +179,7 @@ def test_supports(algo):
 @pytest.mark.parametrize("algo", ALGOS)
 def test_empty_batch(algo):
     problem = ConvProblem(0, 2, 5, 5, 3, 3, 3, padding=(1, 1, 1, 1))
-    y = algo.conv2d(problem, np.zeros(problem.x_shape, np.float32), np.zeros(problem.w_shape, np.float32),
+    y = algo.run(problem, np.zeros(problem.x_shape, np.float32), np.zeros(problem.w_shape, np.float32),
                     None, None)
     assert y.shape == (0, 3, 5, 5)
 
@@ -194,7 +196,7 @@ ACCURACY_LAYERS = [
 @pytest.mark.parametrize("algo", ALGOS)
 def test_accuracy_float32(algo, problem, scale, rng):
     x, w, b = _arrays(rng, problem, scale)
-    err = relative_error(algo.conv2d(problem, x, w, b, None), conv2d_reference_for(problem, x, w, b))
+    err = relative_error(algo.run(problem, x, w, b, None), conv2d_reference_for(problem, x, w, b))
     bound = (BOUND_FLOAT32 if scale == "normal" else BOUND_FLOAT32_WIDE_RANGE)[algo.m]
     assert err <= bound, err
 
@@ -204,7 +206,7 @@ def test_accuracy_float64(algo, rng):
     problem = ConvProblem(1, 128, 28, 28, 128, 3, 3, padding=(1, 1, 1, 1), dtype="float64")
     for scale in ("normal", "wide"):
         x, w, b = _arrays(rng, problem, scale)
-        err = relative_error(algo.conv2d(problem, x, w, b, None), conv2d_reference_for(problem, x, w, b))
+        err = relative_error(algo.run(problem, x, w, b, None), conv2d_reference_for(problem, x, w, b))
         assert err <= BOUND_FLOAT64, (scale, err)
 
 
@@ -217,7 +219,7 @@ def accuracy_table(batch: int = 2, algos=("winograd2", "winograd4", "direct")) -
     ``|y - ref| / (|x| * |w|)`` over the outputs: the error relative to what an output's terms
     could contribute, which shows small outputs next to large inputs.
     """
-    from convlib import registry
+    from convlib.dispatch import registry
 
     header = (f"| layer (N={batch}, pad 1) | data | dtype | " + " | ".join(algos) + " | "
               + " | ".join(f"{a}: max err/(abs x * abs w)" for a in algos) + " |")
@@ -238,7 +240,7 @@ def accuracy_table(batch: int = 2, algos=("winograd2", "winograd4", "direct")) -
                 xs, ws = x.astype(dtype), w.astype(dtype)
                 ref = conv2d_reference_for(p64, xs.astype(np.float64), ws.astype(np.float64))
                 scale = conv2d_reference_for(p64, np.abs(xs.astype(np.float64)), np.abs(ws.astype(np.float64)))
-                ys = [registry.implementation("cpu", a).conv2d(p, xs, ws, None, None) for a in algos]
+                ys = [registry.implementation("conv2d", "cpu", a).run(p, xs, ws, None, None) for a in algos]
                 rel = " | ".join(f"{relative_error(y, ref):.2e}" for y in ys)
                 worst = " | ".join(f"{np.max(np.abs(y - ref) / scale):.1e}" for y in ys)
                 lines.append(f"| {H}x{H}x{C}->{C} | {kind} | {dtype} | {rel} | {worst} |")

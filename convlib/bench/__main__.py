@@ -206,7 +206,7 @@ def main(argv=None) -> int:
     import convlib
     from tqdm import tqdm
 
-    from .. import registry
+    from ..dispatch import registry
     from . import machine, plots, report, runner
 
     threads = _set_threads(args.threads)

@@ -1,7 +1,7 @@
 """Does ``blis`` lose to packing from the image? Its time beside a plain GEMM of the same size.
 
 For each layer, three candidates are timed round-robin in one process (see
-:func:`convlib.bench.runner.time_interleaved`):
+:func:`convlib.core.timing.time_interleaved`):
 
 ``blis conv``
     the convolution through :mod:`convlib.cpu.blis` (B panels gathered from the NCHW image);
@@ -24,8 +24,8 @@ import argparse
 import numpy as np
 
 from ..api import build_problem
-from ..cpu import blis
-from .runner import time_interleaved
+from ..core.timing import time_interleaved
+from ..dispatch.plan import make_plan
 from .suites import RESNET50_V15_LAYERS
 
 #: The 3x3 layers of ResNet-50 v1.5 and two 1x1 layers (names as in the ``resnet50`` suite).
@@ -49,9 +49,11 @@ def layer_calls(name: str, batch: int, seed: int = 0) -> tuple[dict, tuple[int, 
     b_image = b.reshape(1, Kg, 1, N)
     a_filters = a.reshape(M, Kg, 1, 1)
     gemm = build_problem(b_image, a_filters, None)
+    conv_plan = make_plan("conv2d", conv, "cpu", "blis")
+    gemm_plan = make_plan("conv2d", gemm, "cpu", "blis")
     calls = {
-        "blis conv": lambda: blis.conv2d(conv, x, w, None),
-        "blis gemm": lambda: blis.conv2d(gemm, b_image, a_filters, None),
+        "blis conv": conv_plan.timed_call(*conv_plan.prepare(x, w, None)),
+        "blis gemm": gemm_plan.timed_call(*gemm_plan.prepare(b_image, a_filters, None)),
         "numpy matmul": lambda: a @ b,
     }
     return calls, (M, N, Kg), conv.flops

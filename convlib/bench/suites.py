@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..problem import ConvProblem, make_problem
+from ..core.problem import ConvProblem, make_problem
 
 #: Batch sizes of the ``seed-batch`` sweep (H = W = 1024).
 SEED_BATCH_SIZES = tuple(range(8, 81, 8))

@@ -38,11 +38,12 @@ otherwise be too few items for the threads (N=1, K=4 still gives both threads wo
 taken from an atomic counter, one at a time, by one worker per thread (``prange`` over the
 workers): numba's OpenMP layer splits a ``prange`` statically, and on a shared machine a
 preempted thread would otherwise hold the other one up at the end of the region. Problems under
-:data:`SERIAL_BELOW_FLOPS` run on one thread: waking the others would cost more than it saves.
+the ``direct_serial_below_flops`` knob run on one thread: waking the others would cost more than
+it saves.
 
-Block sizes are data (:data:`DIRECT_BLOCKINGS`, one table per instruction set, picked from the
-host's features); :func:`choose_blocking` weighs each candidate's padded work (K rounded up to
-``KB``, positions to whole blocks) by its measured speed.
+Block sizes are data (the ``direct_blockings`` knob of :mod:`convlib.cpu.tables`, one row per
+loop-vectoriser width and dtype); :func:`choose_blocking` weighs each candidate's padded work (K
+rounded up to ``KB``, positions to whole blocks) by its measured speed.
 
 What a new shape costs
 ----------------------
@@ -51,7 +52,7 @@ Kernels are specialised on ``(dtype, KB, QB)`` only, compiled once per machine
 N, C, H, W, K, R, S, stride, dilation, padding and groups are runtime values. A new shape costs
 no compilation, only the offset table, the weight packing and (with padding or stride) the
 gather. On AVX-512 hosts the first call of a process also compiles a tiny uncached probe loop
-(~0.1 s) to learn which vector width LLVM uses (:func:`host_isa`).
+(~0.1 s) to learn which vector width LLVM uses (:func:`convlib.cpu.isa.loop_vector_bytes`).
 """
 
 from __future__ import annotations
@@ -62,126 +63,15 @@ from dataclasses import dataclass
 import numpy as np
 from numba import get_num_threads, njit, prange, set_num_threads
 
-from .. import output_cache
+from ..core import output_cache
 from .stack_buffer import stack_array_2d
+from .tables import KNOBS, DirectBlocking, direct_blockings
 from .work_queue import fetch_and_increment
 
 
-@dataclass(frozen=True)
-class DirectBlocking:
-    """One register block of the direct kernel.
-
-    Attributes
-    ----------
-    KB : int
-        Output channels per block (weights broadcast, one accumulator row each).
-    QB : int
-        Consecutive wide output positions per block; a multiple of the SIMD width.
-        ``KB * QB / lanes`` accumulators, ``KB`` broadcast weights and one input vector must
-        fit in the vector registers (32 zmm with AVX-512, 16 ymm with AVX2).
-    speed : float
-        Measured multiply-adds per second relative to the table's best block, on a deep
-        reduction; :func:`choose_blocking` divides the padded work by it.
-    """
-
-    KB: int
-    QB: int
-    speed: float = 1.0
-
-
-#: Candidate blocks per instruction set (see :func:`host_isa`) and dtype. float64 halves QB.
-#: AVX-512: 24 zmm accumulators. AVX-512 vectorised with ymm: 24 ymm accumulators + KB
-#: broadcasts + 1 input vector <= 32 registers. AVX2: 12 ymm accumulators + KB broadcasts + 1
-#: input vector <= 16 registers (4 x 24 would need 17 and spills; 4 x 16 has too few
-#: accumulators for its broadcasts). The single-channel blocks serve depthwise convolution.
-DIRECT_BLOCKINGS = {
-    "avx512": {
-        "float32": (
-            DirectBlocking(KB=4, QB=96),
-            DirectBlocking(KB=8, QB=48),
-            DirectBlocking(KB=12, QB=32),
-            DirectBlocking(KB=1, QB=128, speed=0.5),
-        ),
-        "float64": (
-            DirectBlocking(KB=4, QB=48),
-            DirectBlocking(KB=8, QB=24),
-            DirectBlocking(KB=12, QB=16),
-            DirectBlocking(KB=1, QB=64, speed=0.5),
-        ),
-    },
-    "avx512-ymm": {
-        "float32": (
-            DirectBlocking(KB=4, QB=48),
-            DirectBlocking(KB=6, QB=32),
-            DirectBlocking(KB=3, QB=64),
-            DirectBlocking(KB=1, QB=128, speed=0.5),
-        ),
-        "float64": (
-            DirectBlocking(KB=4, QB=24),
-            DirectBlocking(KB=6, QB=16),
-            DirectBlocking(KB=3, QB=32),
-            DirectBlocking(KB=1, QB=64, speed=0.5),
-        ),
-    },
-    "avx2": {
-        "float32": (
-            DirectBlocking(KB=3, QB=32),
-            DirectBlocking(KB=2, QB=48, speed=0.9),
-            DirectBlocking(KB=1, QB=96, speed=0.5),
-        ),
-        "float64": (
-            DirectBlocking(KB=3, QB=16),
-            DirectBlocking(KB=2, QB=24, speed=0.9),
-            DirectBlocking(KB=1, QB=48, speed=0.5),
-        ),
-    },
-}
-
-
-def _has_avx512() -> bool:
-    from numba.core import config
-
-    if config.CPU_FEATURES:  # NUMBA_CPU_FEATURES overrides the host's, as in numba's codegen
-        return "+avx512f" in config.CPU_FEATURES
-    import llvmlite.binding as llvm
-
-    return bool(llvm.get_host_cpu_features().get("avx512f", False))
-
-
-def _vectorise_probe(out, a):
-    for i in range(64):
-        out[i] += a[i] * out[i]
-
-
-@functools.lru_cache(maxsize=None)
-def host_isa() -> str:
-    """Which table of :data:`DIRECT_BLOCKINGS` fits the code numba generates here.
-
-    ``"avx512"``: AVX-512 with 512-bit vectors (32 zmm). ``"avx512-ymm"``: AVX-512 present but
-    LLVM vectorises with 256-bit vectors, as it does for Intel server cores (their
-    ``prefer-256-bit`` tuning), so 32 ymm registers. ``"avx2"``: 16 ymm registers (also what a
-    hypervisor that hides AVX-512 leaves). The vector width is read off the assembly of a tiny
-    probe loop, compiled once per process (~0.1 s) and only on AVX-512 hosts.
-    """
-    if not _has_avx512():
-        return "avx2"
-    probe = njit(_vectorise_probe)
-    probe.compile("(float32[::1], float32[::1])")
-    asm = probe.inspect_asm(probe.signatures[0])
-    return "avx512" if "zmm" in asm else "avx512-ymm"
-
-
-def blocking_candidates(dtype: str) -> tuple:
-    """The :class:`DirectBlocking` candidates for ``dtype`` on this machine."""
-    return DIRECT_BLOCKINGS[host_isa()][dtype]
-
-
-#: Input bytes one work item's chunk of positions may read (see :func:`schedule`): about
-#: half of a 1 MB L2, leaving the rest to the weights streaming past.
-L2_INPUT_BUDGET = 512 * 1024
-
-#: Problems with fewer FLOPs than this (~0.2 ms on one core) run on one thread.
-SERIAL_BELOW_FLOPS = 10_000_000
+def blocking_candidates(dtype: str) -> tuple[DirectBlocking, ...]:
+    """The :class:`~convlib.cpu.tables.DirectBlocking` candidates for ``dtype`` on this machine."""
+    return direct_blockings(dtype)
 
 
 # ------------------------------------------------------------------------------------------
@@ -237,7 +127,7 @@ def _tap_offsets(problem, planes: _Planes) -> np.ndarray:
 
 
 def choose_blocking(problem) -> DirectBlocking:
-    """The candidate block of :data:`DIRECT_BLOCKINGS` expected to finish first.
+    """The candidate block of the ``direct_blockings`` knob expected to finish first.
 
     Expected time = ``K/groups`` rounded up to ``KB``, times the wide positions rounded up to
     whole ``QB`` blocks, divided by the block's measured ``speed``; ties go to the earlier
@@ -277,7 +167,8 @@ def schedule(problem, block: DirectBlocking, threads: int | None = None) -> Sche
 
     A work item reuses its chunk of input once per K-block, so the chunk should stay in L2: it
     reads about ``C/groups * planes per channel`` input elements per position (plus a halo of
-    ``R - 1`` wide rows), and chunks are sized to keep that under :data:`L2_INPUT_BUDGET`. One
+    ``R - 1`` wide rows), and chunks are sized to keep that under the ``direct_l2_input_budget``
+    knob. One
     K-block's weights stay in L1 while it sweeps the chunk and are read once per chunk. When
     that leaves fewer than ~8 items per thread (items are handed out dynamically, but with few
     of them the last one still leaves the other threads idle), the K-blocks are split into
@@ -291,7 +182,8 @@ def schedule(problem, block: DirectBlocking, threads: int | None = None) -> Sche
     blocks = problem.N * -(-wide_length // block.QB)
     per_position = problem.C_per_group * planes.planes_per_channel * problem.itemsize
     halo = ((problem.R - 1) * problem.dilation[0] // problem.stride[0] + 1) * planes.Ws
-    chunk_blocks = min(blocks, max(1, (L2_INPUT_BUDGET // per_position - halo) // block.QB))
+    budget = KNOBS.direct_l2_input_budget
+    chunk_blocks = min(blocks, max(1, (budget // per_position - halo) // block.QB))
     chunks = problem.groups * -(-blocks // chunk_blocks)
     nkb = -(-problem.K_per_group // block.KB)
     k_ranges = min(nkb, -(-wanted_items // chunks))
@@ -300,7 +192,7 @@ def schedule(problem, block: DirectBlocking, threads: int | None = None) -> Sche
     return Schedule(chunk_blocks, k_ranges)
 
 
-def workspace_bytes(problem) -> int:
+def workspace_bytes(problem, device=None) -> int:
     """Bytes this module allocates beyond x, w, bias and y: the gathered source planes, if any.
 
     The packed weights (``K`` rounded up to the block, times ``C/groups * R * S``) are not
@@ -438,7 +330,8 @@ def direct_kernel(dtype: str, KB: int, QB: int):
 
     The returned function computes ``y`` from the source planes (see the module docstring)::
 
-        kernel(xs, image_stride, group_stride, tap_offsets, wpack, bias_packed, Ws, y)
+        kernel(xs, image_stride, group_stride, tap_offsets, wpack, bias_packed, Ws,
+               chunk, k_ranges, workers, next_item, y)
 
     xs : 1-D array (the planes, flattened)        # IN
     image_stride, group_stride : int              # IN elements between images / groups in xs
@@ -446,6 +339,9 @@ def direct_kernel(dtype: str, KB: int, QB: int):
     wpack : (groups, nkb, taps, KB)               # IN from :func:`pack_weights`
     bias_packed : (groups, nkb, KB)               # IN zero where there is no bias
     Ws : int                                      # IN pitch of a wide output row
+    chunk, k_ranges : int                         # IN the work items (:func:`schedule`)
+    workers : int                                 # IN threads taking items
+    next_item : (1,) int64                        # INOUT the work counter, zero on entry
     y : (N, K, P, Q)                              # OUT every element written
     """
     scalar = np.dtype(dtype).type
@@ -537,8 +433,9 @@ def supports(problem):
     return None
 
 
-def conv2d(problem, x, w, bias, device):
-    """Direct convolution of ``x`` with ``w`` (see :mod:`convlib.registry` for the contract).
+def run(problem, x, w, bias, device):
+    """Direct convolution of ``x`` with ``w`` (the implementation contract of
+    :mod:`convlib.core.contracts`).
 
     Parameters
     ----------
@@ -555,7 +452,7 @@ def conv2d(problem, x, w, bias, device):
     y = output_cache.empty(problem.y_shape, problem.dtype)
     if problem.N == 0:
         return y
-    if problem.flops >= SERIAL_BELOW_FLOPS:
+    if problem.flops >= KNOBS.direct_serial_below_flops:
         _run(problem, x, w, bias, y)
         return y
     # Too little work to be worth waking the other threads: on a busy machine a thread that is

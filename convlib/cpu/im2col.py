@@ -20,13 +20,20 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..problem import ConvProblem
-from .. import output_cache
+from ..core import output_cache
+from ..core.problem import ConvProblem
 
 
 def supports(problem: ConvProblem) -> str | None:
     """im2col serves every valid problem."""
     return None
+
+
+def workspace_bytes(problem: ConvProblem, device=None) -> int:
+    """Bytes of one batch chunk's column matrix (the chunk sized by
+    ``convlib.options.im2col_workspace_cap``)."""
+    p = problem
+    return p.im2col_batch_chunk() * p.C * p.R * p.S * p.P * p.Q * p.itemsize
 
 
 @njit(parallel=True, cache=True)
@@ -71,7 +78,7 @@ def add_bias(y, bias):  # INOUT y (n, K, P, Q); IN bias (K,)
             plane[p] += b
 
 
-def conv2d(problem: ConvProblem, x: np.ndarray, w: np.ndarray, bias, device=None) -> np.ndarray:
+def run(problem: ConvProblem, x: np.ndarray, w: np.ndarray, bias, device=None) -> np.ndarray:
     """Convolve by im2col + BLAS GEMM, the batch in chunks that bound the workspace.
 
     Parameters

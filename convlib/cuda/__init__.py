@@ -1,9 +1,10 @@
 """The CUDA backend: numba-cuda kernels for NVIDIA GPUs (optional; ``pip install 'convlib[cuda]'``).
 
-Modules: :mod:`.backend` (devices, streams, where arrays live and come back), :mod:`.blocking`
-(tile sizes as data), :mod:`.direct`, :mod:`.im2col` and :mod:`.blis` (the algorithms),
-:mod:`.gemm` (the tiled shared-memory GEMM kernel both GEMM algorithms are built from) and
-:mod:`.gpu_check` (the suite and the benchmark in one command, for a GPU machine).
+Rooms: :mod:`.backend` (devices, streams, where arrays live and come back), :mod:`.tables` (every
+tuning knob, and the tile types) and :mod:`.tiles` (which tile a launch uses); the algorithms
+:mod:`.direct`, :mod:`.im2col` and :mod:`.blis`; the toolkit :mod:`.gemm` (the tiled shared-memory
+GEMM kernel both GEMM algorithms are built from), :mod:`.codegen` and :mod:`.launch`. The GPU
+machine's suite and benchmark is :mod:`convlib.bench.gpu_check`.
 
 Importing this package imports nothing from numba; :mod:`.backend` does, on first use.
 """

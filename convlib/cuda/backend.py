@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backends import Backend
+from ..core.contracts import Backend
 from .launch import cuda
 
 INSTALL_HINT = "install it with: pip install 'convlib[cuda]' (numba-cuda; it needs numba >= 0.60)"
@@ -38,10 +38,15 @@ def _numba_cuda_installed() -> bool:
     return importlib.util.find_spec("numba_cuda") is not None
 
 
-@functools.cache
 def _unavailable_reason() -> str | None:
     if not _numba_cuda_installed():
         return f"numba-cuda is not installed; {INSTALL_HINT}"
+    return _driver_reason()
+
+
+@functools.cache
+def _driver_reason() -> str | None:
+    """Why numba-cuda finds no usable GPU (asked once per process: it initialises the driver)."""
     if cuda is None:
         return f"numba.cuda failed to import; {INSTALL_HINT}"
     if simulator_active():
@@ -174,6 +179,18 @@ class CudaTarget:
 
 
 @functools.cache
+def device_identity(ordinal: int, simulator: bool) -> str:
+    """``cuda|<index>|<name>|cc<major>.<minor>`` of a GPU (the tuning cache's key)."""
+    if simulator:
+        return "cuda|simulator"
+    with cuda.gpus[ordinal]:
+        dev = cuda.get_current_device()
+        name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+        major, minor = dev.compute_capability
+    return f"cuda|{ordinal}|{name}|cc{major}.{minor}"
+
+
+@functools.cache
 def _multiprocessors(ordinal: int, simulator: bool) -> int:
     if simulator:
         return 1
@@ -202,7 +219,7 @@ _COPY_KERNELS: dict = {}
 
 def _contiguous_copy(arr, target: CudaTarget):
     """A C-contiguous device copy of the strided device array ``arr`` (a small kernel)."""
-    from .blocking import ELEMENTWISE_THREADS, SIMULATOR_ELEMENTWISE_THREADS
+    from .tables import KNOBS
 
     ndim = arr.ndim
     kernel = _COPY_KERNELS.get(ndim)
@@ -210,7 +227,7 @@ def _contiguous_copy(arr, target: CudaTarget):
         kernel = _COPY_KERNELS[ndim] = _make_copy_kernel(ndim)
     out = target.empty(arr.shape, arr.dtype)
     flat = out.reshape(out.size)
-    threads = SIMULATOR_ELEMENTWISE_THREADS if target.simulator else ELEMENTWISE_THREADS
+    threads = KNOBS.simulator_elementwise_threads if target.simulator else KNOBS.elementwise_threads
     if out.size:
         kernel[-(-out.size // threads), threads, target.stream](arr, flat)
     return out
@@ -250,12 +267,6 @@ class CudaBackend(Backend):
             return []
         return [f"cuda:{i}" for i in range(len(cuda.gpus))]
 
-    def claims_spec(self, spec):
-        if isinstance(spec, str):
-            s = spec.strip().lower()
-            return s == "cuda" or s.startswith("cuda:")
-        return type(spec).__module__.startswith("numba") and hasattr(spec, "compute_capability")
-
     def owns(self, arr):
         return is_cuda_array(arr)
 
@@ -292,6 +303,9 @@ class CudaBackend(Backend):
             simulator=simulator,
         )
 
+    def identity(self, handle):
+        return device_identity(handle.ordinal, handle.simulator)
+
     def prepare(self, arr, dtype, handle):
         with handle.activate():
             if not is_cuda_array(arr):
@@ -312,6 +326,10 @@ class CudaBackend(Backend):
     def empty(self, shape, dtype, handle):
         with handle.activate():
             return handle.empty(shape, dtype)
+
+    def synchronize(self, handle):
+        with handle.activate():
+            handle.stream.synchronize()
 
     def finish(self, y, like, handle):
         if not is_cuda_array(like):

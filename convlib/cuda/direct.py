@@ -1,7 +1,7 @@
 """Direct convolution on the GPU: shared-memory input tiles with their halo, several outputs per thread.
 
 One thread block computes a ``TH x TW`` tile of output pixels of one image for ``KB`` output
-channels of one group (:class:`~convlib.cuda.blocking.DirectTile`). It walks the group's input
+channels of one group (:class:`~convlib.cuda.tables.DirectTile`). It walks the group's input
 channels ``CB`` at a time: the block stages their input tile, halo included
 (``(TH-1)*sh + (R-1)*dh + 1`` rows by ``(TW-1)*sw + (S-1)*dw + 1`` columns, warps copying rows,
 lanes consecutive columns), and the matching ``KB x CB x R x S`` filters in shared memory; then
@@ -28,7 +28,8 @@ import functools
 
 import numpy as np
 
-from .blocking import DirectTile, choose_direct_tile, forced_key
+from .tables import KNOBS, DirectTile
+from .tiles import choose_direct_tile
 from .codegen import compile_kernel, indent, unsigned_constants
 from .gemm import shape_key
 from .launch import MAX_GRID_Y, cuda, flat, placeholder_bias
@@ -235,14 +236,19 @@ def direct_launch_shape(problem, tile: DirectTile, n_images: int) -> tuple[tuple
     return (problem.groups * k_chunks * tiles, n_images), tile.threads
 
 
-def conv2d(problem, x, w, bias, device):
-    """Direct convolution of device arrays (module contract: see :mod:`convlib.registry`)."""
+def workspace_bytes(problem, device=None) -> int:
+    """None: input tiles are staged in shared memory."""
+    return 0
+
+
+def run(problem, x, w, bias, device):
+    """Direct convolution of device arrays (the contract of :mod:`convlib.core.contracts`)."""
     target = device
     with target.activate():
         y = target.empty(problem.y_shape, problem.dtype)
         if problem.N == 0:
             return y
-        kernel, launches = _plan(problem, target.simulator, forced_key())
+        kernel, launches = _plan(problem, target.simulator, KNOBS.state())
         b = bias if bias is not None else placeholder_bias(problem.dtype, target)
         xf, wf, yf = flat(x), flat(w), flat(y)
         for grid, block, image0 in launches:
@@ -251,8 +257,9 @@ def conv2d(problem, x, w, bias, device):
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(problem, simulator: bool, forced: tuple = ()):
-    """Kernel and launches (at most 65535 images each) for ``problem`` (cached per problem)."""
+def _plan(problem, simulator: bool, knobs: tuple):
+    """Kernel and launches (at most 65535 images each) for ``problem`` (cached per problem and
+    knob overrides in force, ``knobs``)."""
     tile = choose_direct_tile(problem, simulator)
     key = shape_key(problem)
     kernel = direct_kernel(key, tile, simulator) if tile is not None else unstaged_kernel(key)

@@ -35,7 +35,7 @@ import functools
 
 import numpy as np
 
-from .blocking import GemmTile
+from .tables import GemmTile
 from .codegen import compile_kernel, indent, unsigned_constants
 
 IMAGE = "image"
@@ -60,7 +60,8 @@ def _tile_layout(tile: GemmTile, itemsize: int):
     return VM, VN, rows, cols
 
 
-def gemm_source(key, tile: GemmTile, b_source: str, simulator: bool = False) -> tuple[str, dict]:
+def gemm_source(key, tile: GemmTile, b_source: str, simulator: bool = False,
+                tap_table_bytes: int = 0) -> tuple[str, dict]:
     """The generated kernel source and its constants (see the module docstring)."""
     # 16-byte aligned stages let NVVM merge a thread's run of reads into one vector load (the
     # simulator accepts no alignment).
@@ -85,7 +86,7 @@ def gemm_source(key, tile: GemmTile, b_source: str, simulator: bool = False) -> 
             cond.append("a_k + k0 < KK")
         load = f"w[a_src + k0 + U({a_row_step * i * KK})]"
         fetch.append(f"a_next_{i} = {load} if {' and '.join(cond)} else zero" if cond else f"a_next_{i} = {load}")
-    tap_table = _tap_table(key, BK) if implicit and key.R * key.S > 1 else None
+    tap_table = _tap_table(key, BK, tap_table_bytes) if implicit and key.R * key.S > 1 else None
     for i in range(tile.b_per_thread):
         fetch.append(f"k = k0 + b_k + U({b_row_step * i})")
         cond = ["col_ok"] + (["k < KK"] if check_k and not (tap_table is not None and padded) else [])
@@ -237,18 +238,15 @@ def gemm(b, w, bias, y, n_images):
     return source, constants
 
 
-#: Constant memory the tap table may take (of the 64 KiB a kernel can address).
-TAP_TABLE_LIMIT = 48 * 1024
-
-
-def _tap_table(key, BK: int):
+def _tap_table(key, BK: int, limit_bytes: int):
     """Per reduction row ``k = (c, r, s)``: its image offset and its packed row and column shifts.
 
     Two int32 per row: ``c*H*W + r*dh*W + s*dw`` and ``(r*dh << 16) | s*dw``. Decoding ``k``
     takes two divisions per element and step; reading the decode from constant memory (one
     broadcast per warp, since a warp's threads share ``k``) takes two loads. Rows past ``Kgemm``
     (the last step's padding) get the largest row shift, which lands below any image the table
-    is built for, so the bounds check zeroes them. None when the table or its values do not fit.
+    is built for, so the bounds check zeroes them. None when the table (more than ``limit_bytes``,
+    the ``tap_table_bytes`` knob) or its values do not fit.
     """
     R, S, KK = key.R, key.S, key.gemm_k
     rows = -(-KK // BK) * BK
@@ -257,7 +255,7 @@ def _tap_table(key, BK: int):
     dr, ds = r * key.dilation[0], s * key.dilation[1]
     delta = c * key.H * key.W + dr * key.W + ds
     limit = 2**15 - 1
-    if (rows * 2 * 4 > TAP_TABLE_LIMIT or delta.max(initial=0) >= 2**31
+    if (rows * 2 * 4 > limit_bytes or delta.max(initial=0) >= 2**31
             or max(dr.max(initial=0), ds.max(initial=0)) >= limit or key.H + key.pad_top >= limit):
         return None
     table = np.zeros((rows, 2), dtype=np.int32)
@@ -268,8 +266,9 @@ def _tap_table(key, BK: int):
 
 
 @functools.lru_cache(maxsize=None)
-def gemm_kernel(key, tile: GemmTile, b_source: str, simulator: bool = False):
-    """The GEMM kernel for the problem shape ``key`` (see :func:`shape_key`).
+def gemm_kernel(key, tile: GemmTile, b_source: str, simulator: bool = False, tap_table_bytes: int = 0):
+    """The GEMM kernel for the problem shape ``key`` (see :func:`shape_key`); ``tap_table_bytes``
+    bounds the implicit GEMM's tap table (0: none).
 
     Returns
     -------
@@ -278,7 +277,7 @@ def gemm_kernel(key, tile: GemmTile, b_source: str, simulator: bool = False):
         filters; ``bias``: ``(K,)`` (ignored without bias); ``y``: flat output of ``n_images``
         images. Launch it with :func:`gemm_launch_shape`.
     """
-    source, constants = gemm_source(key, tile, b_source, simulator)
+    source, constants = gemm_source(key, tile, b_source, simulator, tap_table_bytes)
     # Two blocks per SM: caps registers at 65536 / (2 * threads), 128 for 256-thread tiles.
     return compile_kernel(source, "gemm", constants, simulator=simulator, launch_bounds=(tile.threads, 2))
 

@@ -9,7 +9,7 @@ The workspace is the column matrix of one chunk: ``C*R*S*P*Q*itemsize`` bytes pe
 sized by :meth:`ConvProblem.im2col_batch_chunk` (256 MiB by default), allocated by the input's own
 library (PyTorch's or CuPy's pool for their arrays).
 
-GEMM engines (:func:`set_gemm_engine`, or the environment variable ``CONVLIB_CUDA_GEMM``):
+GEMM engines (the ``im2col_gemm`` knob of :data:`convlib.cuda.tables.KNOBS`):
 
 ``"own"``
     :func:`convlib.cuda.gemm.gemm_kernel` with ``b_source="columns"``: our tiled shared-memory
@@ -27,46 +27,16 @@ compiles new kernels (about a second each); the batch size is a run-time argumen
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
-import os
 
 import numpy as np
 
-from .blocking import choose_gemm_tile
+from .tables import KNOBS
+from .tiles import choose_gemm_tile
 from .codegen import compile_kernel, unsigned_constants
 from .gemm import COLUMNS, gemm_kernel, gemm_launch_shape, shape_key
 from .launch import MAX_GRID_Y, flat, placeholder_bias
-
-GEMM_ENGINES = ("auto", "own", "cublas")
-_engine = os.environ.get("CONVLIB_CUDA_GEMM", "auto").strip().lower()
-
-
-def set_gemm_engine(name: str) -> str:
-    """Choose the GEMM behind ``algo="im2col"`` on CUDA; returns the previous choice.
-
-    Parameters
-    ----------
-    name : {"auto", "own", "cublas"}
-        See the module docstring.
-    """
-    global _engine
-    if name not in GEMM_ENGINES:
-        raise ValueError(f"gemm engine {name!r}: allowed are {', '.join(map(repr, GEMM_ENGINES))}")
-    previous, _engine = _engine, name
-    return previous
-
-
-@contextlib.contextmanager
-def gemm_engine(name: str):
-    """``with gemm_engine("own"): ...`` runs im2col with that engine, then restores the last one."""
-    previous = set_gemm_engine(name)
-    try:
-        yield
-    finally:
-        set_gemm_engine(previous)
-
 
 @functools.cache
 def cupy_available() -> bool:
@@ -76,13 +46,12 @@ def cupy_available() -> bool:
 
 def resolved_engine(simulator: bool) -> str:
     """The engine the next call will use: ``"own"`` or ``"cublas"``."""
-    if _engine not in GEMM_ENGINES:
-        raise ValueError(f"CONVLIB_CUDA_GEMM={_engine!r}: allowed are {', '.join(GEMM_ENGINES)}")
-    if _engine == "cublas":
+    engine = KNOBS.im2col_gemm
+    if engine == "cublas":
         if simulator or not cupy_available():
             raise RuntimeError("the cublas GEMM engine needs CuPy and a real GPU (not the simulator)")
         return "cublas"
-    if _engine == "auto" and cupy_available() and not simulator:
+    if engine == "auto" and cupy_available() and not simulator:
         return "cublas"
     return "own"
 
@@ -98,13 +67,13 @@ def supports(problem) -> str | None:
     return None
 
 
-#: Output pixels per thread block of the column and bias kernels (blockIdx.x runs over P*Q).
-PIXELS_PER_BLOCK = 256
-SIMULATOR_PIXELS_PER_BLOCK = 8
+def pixels_per_block(simulator: bool) -> int:
+    """Output pixels per thread block of the column and bias kernels (blockIdx.x runs over P*Q)."""
+    return KNOBS.simulator_pixels_per_block if simulator else KNOBS.pixels_per_block
 
 
 @functools.lru_cache(maxsize=None)
-def im2col_kernel(key, simulator: bool = False):
+def im2col_kernel(key, simulator: bool, threads: int):
     """The column-matrix kernel for the problem shape ``key``.
 
     Returns
@@ -115,7 +84,6 @@ def im2col_kernel(key, simulator: bool = False):
         uniform, so each thread decodes one pixel, reads one input value and writes one column
         entry (consecutive threads, consecutive pixels).
     """
-    threads = SIMULATOR_PIXELS_PER_BLOCK if simulator else PIXELS_PER_BLOCK
     padded = any(key.padding)
     source = f'''
 def im2col(x, columns, image0):
@@ -146,12 +114,11 @@ def im2col(x, columns, image0):
 
 
 @functools.lru_cache(maxsize=None)
-def bias_kernel(key, simulator: bool = False):
+def bias_kernel(key, simulator: bool, threads: int):
     """``kernel(y, bias)``: adds ``bias[k]`` to channel ``k`` of the flat NCHW ``y``.
 
     Grid ``(P*Q / pixels per block, K, images)``: the channel is uniform per block.
     """
-    threads = SIMULATOR_PIXELS_PER_BLOCK if simulator else PIXELS_PER_BLOCK
     source = '''
 def add_bias(y, bias):
     # INOUT y (images*K*P*Q), IN bias (K,)
@@ -184,8 +151,14 @@ def _cupy_stream(cupy, target):
     return cupy.cuda.Stream.null if handle == 0 else cupy.cuda.ExternalStream(handle)
 
 
-def conv2d(problem, x, w, bias, device):
-    """im2col + GEMM convolution of device arrays (module contract: see :mod:`convlib.registry`)."""
+def workspace_bytes(problem, device=None) -> int:
+    """One batch chunk's column matrix (chunks sized by ``convlib.options.im2col_workspace_cap``)."""
+    p = problem
+    return min(p.im2col_batch_chunk(), MAX_GRID_Y) * p.C * p.R * p.S * p.P * p.Q * p.itemsize
+
+
+def run(problem, x, w, bias, device):
+    """im2col + GEMM convolution of device arrays (the contract of :mod:`convlib.core.contracts`)."""
     target = device
     with target.activate():
         y = target.empty(problem.y_shape, problem.dtype)
@@ -196,9 +169,9 @@ def conv2d(problem, x, w, bias, device):
         chunk = min(problem.im2col_batch_chunk(), MAX_GRID_Y)
         rows, PQ = problem.C * problem.R * problem.S, problem.P * problem.Q
         columns = target.empty((chunk * rows * PQ,), problem.dtype)
-        threads = SIMULATOR_PIXELS_PER_BLOCK if target.simulator else PIXELS_PER_BLOCK
+        threads = pixels_per_block(target.simulator)
         pixel_blocks = -(-PQ // threads)
-        make_columns = im2col_kernel(key, target.simulator)
+        make_columns = im2col_kernel(key, target.simulator, threads)
         xf, wf = flat(x), flat(w)
         stream = target.stream
         if engine == "own":
@@ -216,5 +189,5 @@ def conv2d(problem, x, w, bias, device):
             else:
                 _cublas_chunk(problem, w, used, y_chunk, images, target)
                 if bias is not None:
-                    bias_kernel(key, target.simulator)[(pixel_blocks, problem.K, images), threads, stream](y_chunk, bias)
+                    bias_kernel(key, target.simulator, threads)[(pixel_blocks, problem.K, images), threads, stream](y_chunk, bias)
     return y

@@ -21,12 +21,13 @@ Results follow the input ``x``: numpy in -> numpy out (copied to the device and 
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
 
-from ..backends import Backend
-from . import common, runtime
+from ..core.contracts import Backend
+from . import memory, runtime
 
 
 def _is_sycl_array(arr) -> bool:
@@ -40,6 +41,14 @@ def supports_fp64(device) -> bool:
 
 def _describe_device(dev) -> str:
     return f"{dev.filter_string} ({dev.name})"
+
+
+@functools.lru_cache(maxsize=None)
+def device_identity(device) -> str:
+    """``sycl|<backend>|<device name>|<driver version>`` of a ``dpctl.SyclDevice``: the same for
+    every queue on the device and in every process, different for another device or driver."""
+    backend = getattr(device.backend, "name", str(device.backend))
+    return f"sycl|{backend}|{device.name}|{device.driver_version}"
 
 
 class SyclBackend(Backend):
@@ -76,12 +85,6 @@ class SyclBackend(Backend):
         return [dev.filter_string for dev in self._mods().dpctl.get_devices()]
 
     # -- resolving device= -----------------------------------------------------------------
-    def claims_spec(self, spec):
-        if isinstance(spec, str):
-            s = spec.strip().lower()
-            return s != "cpu" and s != "cuda" and not s.startswith("cuda:")
-        return type(spec).__module__.split(".")[0] == "dpctl"
-
     def owns(self, arr):
         return _is_sycl_array(arr)
 
@@ -146,6 +149,9 @@ class SyclBackend(Backend):
                     )
         return queue
 
+    def identity(self, handle):
+        return device_identity(handle.sycl_device)
+
     # -- data in and out -------------------------------------------------------------------
     def prepare(self, arr, dtype, handle):
         dpt = self._mods().dpt
@@ -153,8 +159,8 @@ class SyclBackend(Backend):
             host = np.asarray(arr)
             # On a CPU device shared USM is host RAM: numpy copies (and converts) straight into
             # it, which was steadier than dpctl's host-to-device copy under load.
-            out = common.device_empty(host.shape, dtype, handle, result=True)
-            view = common.host_view(out)
+            out = memory.device_empty(host.shape, dtype, handle, result=True)
+            view = memory.host_view(out)
             if view is not None:
                 np.copyto(view, host, casting="unsafe")
             else:
@@ -168,6 +174,9 @@ class SyclBackend(Backend):
     def empty(self, shape, dtype, handle):
         return self._mods().dpt.empty(shape, dtype=dtype, sycl_queue=handle)
 
+    def synchronize(self, handle):
+        handle.wait()
+
     def finish(self, y, like, handle):
         mods = self._mods()
         if isinstance(like, mods.dpnp.ndarray):
@@ -177,7 +186,7 @@ class SyclBackend(Backend):
         # numpy (or array-like) in, numpy out: on a CPU device the result lives in shared USM
         # memory, which numpy can use in place (a 128 MiB copy saved); elsewhere copy it back.
         handle.wait()
-        view = common.host_view(y)
+        view = memory.host_view(y)
         return view if view is not None else mods.dpt.asnumpy(y)
 
 

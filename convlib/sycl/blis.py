@@ -2,7 +2,7 @@
 
 The GEMM view per group ``g``: ``C (Kg x N*P*Q) = A (Kg x Kgemm) @ B (Kgemm x N*P*Q)``, with A the
 filters and B the *implicit* im2col matrix, ``Kgemm = C/groups * R * S``. The five BLIS loops map
-onto the device as follows (names as in :mod:`convlib.sycl.blocking` and BLIS itself):
+onto the device as follows (names as in :mod:`convlib.sycl.tables` and BLIS itself):
 
 ``jc`` (host loop)
     over blocks of at most ``NC`` columns of B (output pixels of the whole batch), cut at
@@ -37,17 +37,11 @@ from __future__ import annotations
 
 import functools
 
-from ..problem import ConvProblem
+from ..core.problem import ConvProblem
 from . import runtime
-from .blocking import blocking_for
-from .common import (
-    bias_or_zeros,
-    device_empty,
-    element_type,
-    fused_multiply_add,
-    launch,
-    zero_padded_input,
-)
+from .launch import element_type, fused_multiply_add, launch
+from .memory import bias_or_zeros, device_empty, padded_input_bytes, zero_padded_input
+from .tables import blocking_for
 
 
 def supports(problem: ConvProblem) -> str | None:
@@ -192,7 +186,32 @@ def pack_a_panels(problem: ConvProblem, w, MR: int, queue):
     return a_panels
 
 
-def conv2d(problem: ConvProblem, x, w, bias, device):
+def panel_plan(problem: ConvProblem, blk) -> tuple[list, int, int]:
+    """``(panels, widest, KC)``: the ``jc`` blocks (:func:`panel_blocks`), the widest one's columns
+    and the depth of a packed B panel.
+
+    Bc holds ``blis_kc * blis_nc`` values; panels narrower than NC (small images) take a deeper
+    KC instead, so y is read back fewer times (ResNet's 7x7 layer: 1 pass instead of 9).
+    """
+    NC = min(blk.blis_nc, max(problem.gemm_n, 1))
+    panels = list(panel_blocks(problem, NC))
+    widest = max(nrows * ncols for _, _, nrows, ncols in panels)
+    KC = min(problem.gemm_k, max(blk.blis_kc, blk.blis_kc * blk.blis_nc // widest))
+    return panels, widest, KC
+
+
+def workspace_bytes(problem: ConvProblem, device=None) -> int:
+    """``Ac`` (the filters, padded to whole micro-panels), one ``Bc`` panel and the zero-padded
+    copy of ``x`` (when padded), on ``device`` (a queue; None: a CPU device's table)."""
+    p = problem
+    blk = blocking_for(None if device is None else device.sycl_device, p.dtype)
+    MR = blk.gemm_mb
+    _, widest, KC = panel_plan(p, blk)
+    a_panels = p.groups * -(-p.K_per_group // MR) * MR * p.gemm_k
+    return (a_panels + KC * widest) * p.itemsize + padded_input_bytes(p)
+
+
+def run(problem: ConvProblem, x, w, bias, device):
     """Convolve with the packed BLIS GEMM on ``device`` (a ``dpctl.SyclQueue``).
 
     Parameters
@@ -211,13 +230,8 @@ def conv2d(problem: ConvProblem, x, w, bias, device):
     dpt = runtime.load().dpt
     blk = blocking_for(device.sycl_device, p.dtype)
     MR = blk.gemm_mb
-    Kg, Kgemm, Ngemm, PQ = p.K_per_group, p.gemm_k, p.gemm_n, p.P * p.Q
-    NC = min(blk.blis_nc, max(Ngemm, 1))
-    panels = list(panel_blocks(p, NC))
-    widest = max(nrows * ncols for _, _, nrows, ncols in panels)
-    # Bc holds blis_kc * blis_nc values; panels narrower than NC (small images) take a deeper
-    # KC instead, so y is read back fewer times (ResNet's 7x7 layer: 1 pass instead of 9).
-    KC = min(Kgemm, max(blk.blis_kc, blk.blis_kc * blk.blis_nc // widest))
+    Kg, Kgemm, PQ = p.K_per_group, p.gemm_k, p.P * p.Q
+    panels, widest, KC = panel_plan(p, blk)
     y = device_empty(p.y_shape, p.dtype, device, result=True)
     y3 = dpt.reshape(y, (p.N, p.K, PQ))
     x_padded = zero_padded_input(p, x)

@@ -21,17 +21,11 @@ from __future__ import annotations
 
 import functools
 
-from ..problem import ConvProblem
+from ..core.problem import ConvProblem
 from . import runtime
-from .blocking import blocking_for, register_block, row_work_group
-from .common import (
-    bias_or_zeros,
-    device_empty,
-    element_type,
-    fused_multiply_add,
-    launch,
-    zero_padded_input,
-)
+from .launch import element_type, fused_multiply_add, launch, register_block, row_work_group
+from .memory import bias_or_zeros, device_empty, padded_input_bytes, zero_padded_input
+from .tables import blocking_for
 
 
 def supports(problem: ConvProblem) -> str | None:
@@ -92,7 +86,12 @@ def direct_kernel(R: int, S: int, stride_w: int, KB: int, dtype: str):
     return conv_direct_channel_block
 
 
-def conv2d(problem: ConvProblem, x, w, bias, device):
+def workspace_bytes(problem: ConvProblem, device=None) -> int:
+    """Bytes of the zero-padded copy of ``x`` (none without padding)."""
+    return padded_input_bytes(problem)
+
+
+def run(problem: ConvProblem, x, w, bias, device):
     """Convolve on the SYCL device ``device`` (a ``dpctl.SyclQueue``).
 
     Parameters

@@ -1,7 +1,7 @@
 """Zero padding into host-accessible USM on a CPU device, done by the host's threads.
 
 On the OpenCL CPU device, shared USM is ordinary host RAM that numpy can address
-(:func:`convlib.sycl.common.host_view`), so moving data into it needs no device kernel.
+(:func:`convlib.sycl.memory.host_view`), so moving data into it needs no device kernel.
 Measured on the seed shape (8 x 4 x 1024 x 1024 float32, 128 MiB, 2 threads):
 
 - numpy's ``np.copyto`` into fresh shared USM: ~19 ms (one thread, page faults included);

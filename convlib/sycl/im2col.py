@@ -6,8 +6,8 @@ rows of group ``g`` are adjacent, so per image and group ``y[n, g] = W_g @ cols[
 ``W_g`` the ``(K/groups, C/groups*R*S)`` filter matrix: one batched GEMM per chunk, written
 straight into the NCHW result (no transpose).
 
-The GEMM is selectable (``gemm=`` argument, :data:`GEMM_ENGINE`, or the environment variable
-``CONVLIB_SYCL_GEMM`` read at import):
+The GEMM is the ``im2col_gemm`` knob of :data:`convlib.sycl.tables.KNOBS`
+(``KNOBS.override(im2col_gemm="kernel")``):
 
 ``"onemkl"``
     ``dpnp.matmul`` (oneMKL's batched GEMM for SYCL), bias added afterwards.
@@ -28,56 +28,23 @@ of ours.
 from __future__ import annotations
 
 import functools
-import os
-from contextlib import contextmanager
 
-from ..problem import ConvProblem
+from ..core.problem import ConvProblem
 from . import runtime
-from .blocking import blocking_for, register_block
-from .common import (
-    bias_or_zeros,
-    device_empty,
-    element_type,
-    fused_multiply_add,
-    launch,
-    zero_padded_input,
-)
-
-GEMM_ENGINES = ("onemkl", "kernel")
-
-
-def _engine_from_env() -> str:
-    value = os.environ.get("CONVLIB_SYCL_GEMM", "onemkl").strip().lower()
-    if value not in GEMM_ENGINES:
-        raise ValueError(f"environment variable CONVLIB_SYCL_GEMM={value!r}: allowed are {', '.join(GEMM_ENGINES)}")
-    return value
-
-
-#: The GEMM used when ``conv2d`` gets no ``gemm=``: ``"onemkl"`` (dpnp.matmul) or ``"kernel"``.
-GEMM_ENGINE = _engine_from_env()
-
-
-@contextmanager
-def use_gemm(engine: str):
-    """Use GEMM ``engine`` (``"onemkl"`` or ``"kernel"``) inside a ``with`` block."""
-    global GEMM_ENGINE
-    _check_engine(engine)
-    saved, GEMM_ENGINE = GEMM_ENGINE, engine
-    try:
-        yield
-    finally:
-        GEMM_ENGINE = saved
-
-
-def _check_engine(engine) -> str:
-    if engine not in GEMM_ENGINES:
-        raise ValueError(f"gemm={engine!r}: allowed are {', '.join(map(repr, GEMM_ENGINES))}")
-    return engine
-
+from .launch import element_type, fused_multiply_add, launch, register_block
+from .memory import bias_or_zeros, device_empty, padded_input_bytes, zero_padded_input
+from .tables import KNOBS, blocking_for
 
 def supports(problem: ConvProblem) -> str | None:
     """im2col serves every valid problem."""
     return None
+
+
+def workspace_bytes(problem: ConvProblem, device=None) -> int:
+    """One batch chunk's column matrix plus the zero-padded copy of ``x`` (when padded)."""
+    p = problem
+    columns = p.im2col_batch_chunk() * p.C * p.R * p.S * p.P * p.Q * p.itemsize
+    return columns + padded_input_bytes(p)
 
 
 @functools.lru_cache(maxsize=None)
@@ -160,7 +127,7 @@ def gemm_kernel(MB: int, dtype: str):
     return gemm_rows_block
 
 
-def conv2d(problem: ConvProblem, x, w, bias, device, gemm: str | None = None):
+def run(problem: ConvProblem, x, w, bias, device):
     """Convolve by im2col + GEMM on ``device`` (a ``dpctl.SyclQueue``), the batch in chunks.
 
     Parameters
@@ -170,15 +137,13 @@ def conv2d(problem: ConvProblem, x, w, bias, device, gemm: str | None = None):
     w : usm_ndarray (K, C // groups, R, S)
     bias : usm_ndarray (K,) or None
     device : dpctl.SyclQueue
-    gemm : {"onemkl", "kernel"}, optional
-        The GEMM; default :data:`GEMM_ENGINE`.
 
     Returns
     -------
     usm_ndarray (N, K, P, Q) on ``device``
     """
     p = problem
-    engine = _check_engine(GEMM_ENGINE if gemm is None else gemm)
+    engine = KNOBS.im2col_gemm
     mods = runtime.load()
     dpt = mods.dpt
     blk = blocking_for(device.sycl_device, p.dtype)

@@ -1,12 +1,12 @@
 """Winograd F(2x2,3x3) and F(4x4,3x3) on a SYCL device: three transform kernels and a batched GEMM.
 
-The method (Lavin & Gray 2015; matrices from :mod:`convlib.winograd_math`), ``alpha = m + 2``, the
+The method (Lavin & Gray 2015; matrices from :mod:`convlib.core.winograd_math`), ``alpha = m + 2``, the
 same steps as :mod:`convlib.cpu.winograd`:
 
 1. **Filter transform**, once per call, one work-item per ``(k, c)``:
    ``U[pos, k, c] = (G w[k, c] G^T)[pos]`` for the ``alpha**2`` tile positions ``pos``.
 2. Then per chunk of whole images (the batch cut so that one chunk's ``V + M`` stays under
-   :data:`CHUNK_BYTES`, at least one image):
+   the ``winograd_chunk_bytes`` knob, at least one image):
 
    a. The chunk's images are copied into a buffer of ``tiles_h*m + 2`` rows by ``tiles_w*m + 2``
       columns by :func:`pad_images_kernel`, with zeros for the problem's padding and under the
@@ -19,8 +19,7 @@ same steps as :mod:`convlib.cpu.winograd`:
    c. **Batched GEMM** over the tile positions, per group:
       ``M[pos, g] (Kg x T) = U[pos, g] (Kg x Cg) @ V[pos, g] (Cg x T)``, by oneMKL
       (``dpnp.matmul``) or by the backend's own GEMM kernel (:func:`convlib.sycl.im2col.gemm_kernel`,
-      one launch per position), chosen like im2col's (``gemm=``, ``im2col.GEMM_ENGINE``,
-      ``im2col.use_gemm``, ``CONVLIB_SYCL_GEMM``).
+      one launch per position), chosen like im2col's (the ``im2col_gemm`` knob).
    d. **Output transform**, one work-item per ``(k, tile)``: ``y = A^T M_t A + bias``. One kernel
       over all tiles stores the whole tiles without per-output tests; a second, over the right
       column and bottom row of partial tiles only (:meth:`WinogradAlgorithm.edge_blocks`),
@@ -28,12 +27,12 @@ same steps as :mod:`convlib.cpu.winograd`:
       OpenCL CPU device: the tests turn the stores into masked scatters.)
 
 The 1-D transforms are generated as straight-line source from the matrices of
-:mod:`convlib.winograd_math` (zero entries dropped, +-1 entries as additions, other entries as
+:mod:`convlib.core.winograd_math` (zero entries dropped, +-1 entries as additions, other entries as
 FMAs with constants of the working dtype), so every product the matrices do not need is gone
 and float32 kernels stay in float32.
 
 Workspace: ``U`` (``alpha**2 * K * C/groups`` values, the filters' size times ``alpha**2 / 9``)
-plus one chunk's padded input, ``V`` and ``M``; never more than :data:`CHUNK_BYTES` for the
+plus one chunk's padded input, ``V`` and ``M``; never more than ``winograd_chunk_bytes`` for the
 chunk unless a single image needs more.
 
 Compile cost (first launch in a process, 0.2-1 s each, no on-disk cache): four transform kernels
@@ -48,17 +47,12 @@ import functools
 
 import numpy as np
 
-from ..problem import ConvProblem
-from ..winograd_math import WinogradTile, transform_matrices
+from ..core.problem import ConvProblem
+from ..core.winograd_math import WinogradTile, transform_matrices
 from . import im2col, runtime
-from .blocking import blocking_for, register_block
-from .common import bias_or_zeros, device_empty, fused_multiply_add, launch
-
-#: Most bytes of one chunk's padded input, ``V`` and ``M`` (whole images; at least one image).
-CHUNK_BYTES = 64 * 2**20
-
-#: Work-group size along the tiles (the vectorised dimension) of the transform kernels.
-TRANSFORM_WG = 64
+from .launch import fused_multiply_add, launch, register_block
+from .memory import bias_or_zeros, device_empty
+from .tables import KNOBS, blocking_for
 
 
 # -- generated straight-line transforms ---------------------------------------------------------
@@ -301,7 +295,7 @@ def pad_images_kernel():
 
 # -- the algorithm objects ----------------------------------------------------------------------
 class WinogradAlgorithm(WinogradTile):
-    """Winograd F(m x m, 3 x 3) on a SYCL device; the module contract of :mod:`convlib.registry`.
+    """Winograd F(m x m, 3 x 3) on a SYCL device; an implementation (:mod:`convlib.core.contracts`).
 
     Parameters
     ----------
@@ -338,13 +332,13 @@ class WinogradAlgorithm(WinogradTile):
 
     def batch_chunk(self, problem: ConvProblem, chunk_bytes: int | None = None) -> int:
         """Images per chunk so that one chunk's padded input, ``V`` and ``M`` fit ``chunk_bytes``."""
-        chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+        chunk_bytes = KNOBS.winograd_chunk_bytes if chunk_bytes is None else chunk_bytes
         tiles_h, tiles_w = self.tiles(problem)
         hp, wp = self.padded_image_shape(problem)
         per_image = (problem.C * hp * wp + self.alpha**2 * (problem.C + problem.K) * tiles_h * tiles_w) * problem.itemsize
         return max(1, min(problem.N, chunk_bytes // max(per_image, 1)))
 
-    def workspace_bytes(self, problem: ConvProblem, chunk_bytes: int | None = None) -> int:
+    def workspace_bytes(self, problem: ConvProblem, device=None, *, chunk_bytes: int | None = None) -> int:
         """Bytes allocated beyond x, w, bias and y: ``U`` plus one chunk (see :meth:`batch_chunk`)."""
         nb = self.batch_chunk(problem, chunk_bytes)
         tiles_h, tiles_w = self.tiles(problem)
@@ -355,7 +349,7 @@ class WinogradAlgorithm(WinogradTile):
         )
         return values * problem.itemsize
 
-    def conv2d(self, problem: ConvProblem, x, w, bias, device, gemm: str | None = None):
+    def run(self, problem: ConvProblem, x, w, bias, device):
         """The convolution of ``x`` with ``w`` on ``device`` (a ``dpctl.SyclQueue``).
 
         Parameters
@@ -365,15 +359,13 @@ class WinogradAlgorithm(WinogradTile):
         w : usm_ndarray (K, C // groups, 3, 3)
         bias : usm_ndarray (K,) or None
         device : dpctl.SyclQueue
-        gemm : {"onemkl", "kernel"}, optional
-            The batched GEMM; default ``convlib.sycl.im2col.GEMM_ENGINE``.
 
         Returns
         -------
         usm_ndarray (N, K, P, Q) on ``device``
         """
         p, m, a2 = problem, self.m, self.alpha**2
-        engine = im2col._check_engine(im2col.GEMM_ENGINE if gemm is None else gemm)
+        engine = KNOBS.im2col_gemm
         mods = runtime.load()
         dpt = mods.dpt
         y = device_empty(p.y_shape, p.dtype, device, result=True)
@@ -382,7 +374,7 @@ class WinogradAlgorithm(WinogradTile):
         G, Kg, Cg = p.groups, p.K_per_group, p.C_per_group
         blk = blocking_for(device.sycl_device, p.dtype)
         U = device_empty((a2, p.K, Cg), p.dtype, device)
-        launch(transform_kernel("filter", m, p.dtype), (p.K, Cg), (1, TRANSFORM_WG), device, w, U)
+        launch(transform_kernel("filter", m, p.dtype), (p.K, Cg), (1, KNOBS.winograd_transform_wg), device, w, U)
 
         tiles_h, tiles_w = self.tiles(p)
         hp, wp = self.padded_image_shape(p)
@@ -411,7 +403,7 @@ class WinogradAlgorithm(WinogradTile):
             launch(pad_images, (nb * p.C, hp), (1, blk.im2col_wg), device, x, xp, n0, p.pad_top, p.pad_left)
             V = dpt.reshape(V_buf[: a2 * p.C * T], (a2, p.C, T))
             M = dpt.reshape(M_buf[: a2 * p.K * T], (a2, p.K, T))
-            launch(input_transform, (p.C, T), (1, TRANSFORM_WG), device, xp, V, tiles_h, tiles_w)
+            launch(input_transform, (p.C, T), (1, KNOBS.winograd_transform_wg), device, xp, V, tiles_h, tiles_w)
             if engine == "kernel":
                 # im2col's GEMM kernel, one position at a time: filters U[pos] (K x Cg), the
                 # "column matrix" V[pos] whose rows of group g start at g*Cg, as that kernel expects.
@@ -426,9 +418,9 @@ class WinogradAlgorithm(WinogradTile):
                     dpnp.asarray(dpt.reshape(V, (a2, G, Cg, T))),
                     out=dpnp.asarray(dpt.reshape(M, (a2, G, Kg, T))),
                 )
-            launch(output_whole, (p.K, T), (1, TRANSFORM_WG), device, M, bias_full, y, n0, tiles_h, tiles_w)
+            launch(output_whole, (p.K, T), (1, KNOBS.winograd_transform_wg), device, M, bias_full, y, n0, tiles_h, tiles_w)
             for ty0, tx0, block_h, block_w in edge_blocks:
-                launch(output_edges, (p.K, nb * block_h * block_w), (1, TRANSFORM_WG), device,
+                launch(output_edges, (p.K, nb * block_h * block_w), (1, KNOBS.winograd_transform_wg), device,
                        M, bias_full, y, n0, tiles_h, tiles_w, ty0, tx0, block_h, block_w)
         return y
 

@@ -1,4 +1,4 @@
-"""Block sizes of the CUDA kernels, as data.
+"""Every tuning knob of the CUDA backend, in one table (:data:`KNOBS`), and the tile types.
 
 Nothing here imports numba: the tables are plain values, so docs, tests and the selector can read
 them without a GPU. Each kernel factory receives one row and turns its fields into compile-time
@@ -28,14 +28,20 @@ reads consecutive shared words and writes consecutive output words).
 
 The simulator (``NUMBA_ENABLE_CUDASIM=1``) runs each thread as a Python thread, so it gets tiny
 blocks of its own; they exercise the same code paths (several blocks, several stages, edges).
+
+Which tile a problem gets is decided in :mod:`convlib.cuda.tiles` from these knobs; the
+``gemm_tile`` and ``direct_tile`` knobs impose one (tile sweeps in benchmarks):
+``with KNOBS.override(gemm_tile=GemmTile(64, 128, 8, 8, 8)): ...``.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
-#: Static shared memory a numba-cuda kernel may declare (bytes), without the dynamic opt-in.
+from ..core.knobs import Knob, KnobTable
+
+#: Static shared memory a numba-cuda kernel may declare (bytes), without the dynamic opt-in: a
+#: property of the hardware and numba-cuda, not a knob.
 SHARED_MEMORY_LIMIT = 48 * 1024
 
 
@@ -110,7 +116,7 @@ class DirectTile:
 #: (rounded up to 16) and that gives every SM two blocks, else the fitting tile with the most
 #: blocks. 64x128 (128 threads, 8x8 each) beat 128x128 and 128x64 on 5 of 6 ResNet-50 layers at
 #: batch 128 on an H200 (docs/gpu.md, tile sweep); 128x128 won only on the strided 3x3.
-GEMM_TILES = {
+_GEMM_TILES = {
     "float32": (
         GemmTile(BM=64, BN=128, BK=8, TM=8, TN=8),
         GemmTile(BM=128, BN=64, BK=8, TM=8, TN=8),
@@ -129,95 +135,36 @@ GEMM_TILES = {
 
 #: Direct tiles per dtype. For float32, 8x256 outputs of 4 channels with 1x8 per thread ran the
 #: seed shape (N=8, C=K=4, 1024x1024, 3x3) fastest of eight tiles on an H200 (docs/gpu.md).
-DIRECT_TILES = {
+_DIRECT_TILES = {
     "float32": DirectTile(TH=8, TW=256, RPT=1, JPT=8, KB=4, CB=4),
     "float64": DirectTile(TH=16, TW=64, RPT=2, JPT=2, KB=4, CB=4),
 }
 
-#: Tiny blocks for the CUDA simulator: many blocks and stages on tiny problems.
-SIMULATOR_GEMM_TILES = (GemmTile(BM=4, BN=8, BK=4, TM=2, TN=2),)
-SIMULATOR_DIRECT_TILE = DirectTile(TH=4, TW=4, RPT=2, JPT=2, KB=2, CB=2)
-
-#: Threads per block of the elementwise kernels (im2col, bias, strided copies).
-ELEMENTWISE_THREADS = 256
-SIMULATOR_ELEMENTWISE_THREADS = 8
 
 
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
+#: The GEMM engines of ``im2col``: ``"own"`` (our tiled kernel), ``"cublas"`` (through CuPy) and
+#: ``"auto"`` (cuBLAS when CuPy imports and the GPU is real).
+GEMM_ENGINES = ("auto", "own", "cublas")
 
-
-_forced: dict = {}
-
-
-def forced_key() -> tuple:
-    """The tiles :func:`forced_tiles` imposes now, as a hashable key for cached launch plans."""
-    return tuple(sorted(_forced.items()))
-
-
-@contextlib.contextmanager
-def forced_tiles(gemm: GemmTile | None = None, direct: DirectTile | None = None):
-    """Within the block, every GEMM / direct launch uses these tiles (tile sweeps in benchmarks).
-
-    A forced direct tile still shrinks to fit shared memory.
-    """
-    previous = dict(_forced)
-    _forced.update({k: v for k, v in (("gemm", gemm), ("direct", direct)) if v is not None})
-    try:
-        yield
-    finally:
-        _forced.clear()
-        _forced.update(previous)
-
-
-def choose_gemm_tile(problem, multiprocessors: int, simulator: bool = False, ngemm: int | None = None) -> GemmTile:
-    """The GEMM tile for ``problem`` on a GPU with ``multiprocessors`` SMs.
-
-    Parameters
-    ----------
-    problem : ConvProblem
-    multiprocessors : int
-        Streaming multiprocessors of the device (the simulator passes 1).
-    simulator : bool
-        Use :data:`SIMULATOR_GEMM_TILES`.
-    ngemm : int, optional
-        Columns of C per launch (im2col launches once per batch chunk); default ``problem.gemm_n``.
-    """
-    if "gemm" in _forced:
-        return _forced["gemm"].check()
-    tiles = SIMULATOR_GEMM_TILES if simulator else GEMM_TILES[problem.dtype]
-    m = _round_up(problem.gemm_m, 16)
-    n = problem.gemm_n if ngemm is None else ngemm
-    fitting = [t for t in tiles if t.BM <= m] or [min(tiles, key=lambda t: t.BM)]
-
-    def blocks(tile):
-        return -(-problem.gemm_m // tile.BM) * -(-n // tile.BN) * problem.groups
-
-    # Two blocks per SM keep the FMA pipes busy while the other block waits on its loads.
-    enough = [t for t in fitting if blocks(t) >= 2 * multiprocessors]
-    return (enough[0] if enough else max(fitting, key=blocks)).check()
-
-
-def choose_direct_tile(problem, simulator: bool = False) -> DirectTile | None:
-    """The direct tile for ``problem``, shrunk until its shared memory fits; None if none fits.
-
-    Large dilations make the halo outgrow shared memory even for one output row; the direct module
-    then falls back on a kernel that reads the input through the cache instead.
-    """
-    tile = _forced.get("direct") or (SIMULATOR_DIRECT_TILE if simulator else DIRECT_TILES[problem.dtype])
-    while tile.shared_bytes(problem) > SHARED_MEMORY_LIMIT:
-        th, tw, rpt, jpt, kb, cb = tile.TH, tile.TW, tile.RPT, tile.JPT, tile.KB, tile.CB
-        if cb > 1:
-            cb //= 2
-        elif kb > 1:
-            kb //= 2
-        elif th > rpt:
-            th //= 2
-        elif tw > jpt * (1 if simulator else 32):
-            tw //= 2
-        elif rpt > 1:
-            th, rpt = th // 2, rpt // 2
-        else:
-            return None
-        tile = DirectTile(th, tw, rpt, jpt, kb, cb)
-    return tile
+KNOBS = KnobTable("cuda", [
+    Knob("gemm_tiles", _GEMM_TILES, "GEMM tiles in order of preference (see convlib.cuda.tiles."
+         "choose_gemm_tile)", keyed_by=("dtype",)),
+    Knob("direct_tiles", _DIRECT_TILES, "the direct tile, shrunk per problem until its shared memory fits",
+         keyed_by=("dtype",)),
+    Knob("gemm_tile", None, "a GemmTile every GEMM launch uses instead of the chosen one (tile sweeps); "
+         "None: chosen per problem"),
+    Knob("direct_tile", None, "a DirectTile every direct launch starts from instead of the table's (still "
+         "shrunk to fit shared memory); None: the table's"),
+    Knob("simulator_gemm_tiles", (GemmTile(BM=4, BN=8, BK=4, TM=2, TN=2),), "GEMM tiles under the CUDA "
+         "simulator: many blocks and stages on tiny problems"),
+    Knob("simulator_direct_tile", DirectTile(TH=4, TW=4, RPT=2, JPT=2, KB=2, CB=2), "the direct tile under "
+         "the CUDA simulator"),
+    Knob("elementwise_threads", 256, "threads per block of the elementwise kernels (strided copies)"),
+    Knob("simulator_elementwise_threads", 8, "the same under the simulator"),
+    Knob("pixels_per_block", 256, "output pixels per thread block of im2col's column and bias kernels"),
+    Knob("simulator_pixels_per_block", 8, "the same under the simulator"),
+    Knob("tap_table_bytes", 48 * 1024, "constant memory the implicit GEMM's tap table may take (of the "
+         "64 KiB a kernel can address); larger tables decode taps by division instead"),
+    Knob("im2col_gemm", "auto", "the GEMM of im2col: 'own' (our tiled kernel), 'cublas' (through CuPy) "
+         "or 'auto' (cuBLAS when CuPy imports and the GPU is real)", allowed=GEMM_ENGINES),
+])

@@ -1,6 +1,6 @@
 """Everything the CUDA backend needs from a GPU machine, in one command.
 
-    pip install --no-deps --no-build-isolation -e . && python -m convlib.cuda.gpu_check --out "$OUT"
+    pip install --no-deps --no-build-isolation -e . && python -m convlib.bench.gpu_check --out "$OUT"
 
 Steps (each can be skipped):
 
@@ -14,12 +14,14 @@ Steps (each can be skipped):
    through PyTorch with TF32 off (the fair FP32 baseline) and on (for reference). Every result
    is checked against cuDNN in float64 first.
 
-Timing: inputs are PyTorch CUDA tensors, so nothing crosses to the host. Each measurement runs
-warm-up calls (compilation included), then ``--reps`` calls each bracketed by CUDA events on the
-stream the kernels run on, queued behind a GPU sleep long enough for the host to enqueue them all:
-the events then time the GPU alone (every kernel of one call, launch gaps included) and the
-figure is their median. The host's own cost per call (Python, argument checks, launches) is
-reported separately as the wall time per call of a synchronised loop.
+Timing: inputs are PyTorch CUDA tensors, so nothing crosses to the host; every convlib candidate
+is a :class:`~convlib.dispatch.plan.Plan` run on them. Each measurement is
+:func:`convlib.core.timing.time_interleaved`: warm-up calls (compilation included), then
+``--reps`` timed calls, clocked by :class:`CudaEventClock`: CUDA events around the call on the
+stream the kernels run on, queued behind a GPU sleep long enough for the host to enqueue it, so
+the events time the GPU alone (every kernel of one call, launch gaps included); the figure is
+their median. The host's own cost per call (Python, argument checks, launches) is reported
+separately as ``wall_ms``: the host wall time of one call followed by a synchronisation.
 
 Writes ``gpu-check.json`` (every number), ``gpu-check.md`` (the tables) and ``tests.log`` under
 ``--out`` and prints the tables last.
@@ -28,6 +30,7 @@ Writes ``gpu-check.json`` (every number), ``gpu-check.md`` (the tables) and ``te
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -42,7 +45,12 @@ from pathlib import Path
 
 import numpy as np
 
-OUR_ALGOS = ("direct", "blis", "im2col-own", "im2col-cublas")
+from ..core.problem import ConvProblem
+from ..core.timing import time_interleaved
+from ..dispatch.devices import resolve_device
+from ..dispatch.plan import plan_for
+from .gpu_report import OUR_ALGOS, render
+
 
 
 # -- environment and ceilings -----------------------------------------------------------------------
@@ -105,59 +113,73 @@ def ceilings() -> dict:
 
 
 # -- timing -------------------------------------------------------------------------------------------
-_CLOCK_HZ = None
+#: A generous guess at the GPU clock: a slower clock only makes the sleep longer.
+_CLOCK_HZ = 2.0e9
+
+
+class CudaEventClock:
+    """A clock for :func:`~convlib.core.timing.time_interleaved` that times a call on the GPU alone.
+
+    The call is bracketed by CUDA events on PyTorch's current stream (where convlib launches for
+    PyTorch inputs), queued behind a GPU sleep twice as long as the host took to enqueue the
+    previous call, so the GPU never waits for the host in between.
+    """
+
+    def __init__(self):
+        self.host_s = 1e-3
+
+    def __call__(self, call):
+        import torch
+
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(min(1.0, 2.0 * self.host_s + 2e-3) * _CLOCK_HZ))
+        t0 = time.perf_counter()
+        start.record()
+        result = call()
+        end.record()
+        self.host_s = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e-3, result
 
 
 def gpu_times(fn, reps=20, warmup=3) -> list[float]:
-    """Milliseconds of GPU time of each of ``reps`` calls of ``fn`` (see the module docstring)."""
-    import torch
-
-    global _CLOCK_HZ
-    if _CLOCK_HZ is None:
-        _CLOCK_HZ = 2.0e9  # generous: a slower clock only makes the sleep longer
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(2):
-        fn()
-    host_s = (time.perf_counter() - t0) / 2
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    torch.cuda._sleep(int(min(1.0, 2.0 * host_s * reps + 2e-3) * _CLOCK_HZ))
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return [start.elapsed_time(end) for start, end in events]
+    """Milliseconds of GPU time of each of ``reps`` calls of ``fn`` (see :class:`CudaEventClock`)."""
+    timing = time_interleaved({"fn": fn}, reps, warmup, clock=CudaEventClock())["fn"]
+    if timing.error is not None:
+        raise timing.error
+    return [t * 1e3 for t in timing.times_s]
 
 
 def wall_ms(fn, reps=10) -> float:
-    """Milliseconds per call of a loop of ``reps`` calls, synchronised once at the end."""
+    """Median host milliseconds of one call of ``fn`` followed by a device synchronisation."""
     import torch
 
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / reps * 1e3
+    def synchronised():
+        out = fn()
+        torch.cuda.synchronize()
+        return out
+
+    timing = time_interleaved({"fn": synchronised}, reps, warmup=1)["fn"]
+    if timing.error is not None:
+        raise timing.error
+    return timing.median_s * 1e3
 
 
 # -- the runs -----------------------------------------------------------------------------------------
 def _ours(problem, algo, tx, tw):
-    import convlib
-    from convlib.cuda import im2col
+    """One call of our ``algo`` (``"im2col-own"``: im2col with that GEMM engine) as a Plan on the
+    tensors' GPU; returns a PyTorch tensor. No synchronisation: the clock does that."""
+    from convlib.cuda.tables import KNOBS
 
     name, _, engine = algo.partition("-")
+    plan = plan_for("conv2d", problem, resolve_device(None, tx, tw), name)
+    xd, wd, _ = plan.prepare(tx, tw, None)
+    backend, handle = plan.backend, plan.handle
 
     def run():
-        with im2col.gemm_engine(engine or "auto"):
-            return convlib.conv2d(
-                tx, tw, None, stride=problem.stride, padding=problem.padding, dilation=problem.dilation,
-                groups=problem.groups, algo=name,
-            )
+        with KNOBS.override(im2col_gemm=engine or "auto"):
+            return backend.finish(plan.execute(xd, wd, None), tx, handle)
     return run
 
 
@@ -179,7 +201,7 @@ def bench_case(label, problem, algos, reps, check=True, tiles=None) -> dict:
     """Time ``algos`` and cuDNN (TF32 off/on) on ``problem``; returns a row of the tables."""
     import torch
 
-    from convlib.cuda import blocking
+    from convlib.cuda.tables import KNOBS
 
     torch.backends.cudnn.benchmark = True
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -194,7 +216,7 @@ def bench_case(label, problem, algos, reps, check=True, tiles=None) -> dict:
     for name, run in runs.items():
         entry = {}
         try:
-            context = blocking.forced_tiles(**tiles[name]) if tiles and name in tiles else _null()
+            context = KNOBS.override(**tiles[name]) if tiles and name in tiles else contextlib.nullcontext()
             with context:
                 t0 = time.perf_counter()
                 with _poisoned_allocations():
@@ -245,83 +267,6 @@ class _poisoned_allocations:
         return False
 
 
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-# -- tables ---------------------------------------------------------------------------------------------
-def _fmt(v, digits=3):
-    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}g}"
-
-
-def seed_table(rows, ceil) -> str:
-    lines = [
-        "| shape | floor (ms): bytes / FLOPs | cuDNN (ms) | cuDNN TF32 (ms) | " + " | ".join(f"{a} (ms)" for a in OUR_ALGOS) + " | best ours vs cuDNN | wall/call ours (ms) |",
-        "|---|---|---|---|" + "---|" * len(OUR_ALGOS) + "---|---|",
-    ]
-    for row in rows:
-        res = row["results"]
-        floor_b = row["mbytes"] * 1e6 / (ceil["copy_GBps"] * 1e9) * 1e3
-        floor_f = row["gflop"] * 1e9 / (ceil["sgemm_TFLOPs"] * 1e12) * 1e3
-        ours = {a: res.get(a, {}).get("gpu_ms") for a in OUR_ALGOS}
-        best = min((v, a) for a, v in ours.items() if v) if any(ours.values()) else (None, None)
-        cudnn = res.get("cudnn", {}).get("gpu_ms")
-        lines.append(
-            f"| {row['label']} | {_fmt(floor_b)} / {_fmt(floor_f)} | {_fmt(cudnn)} | {_fmt(res.get('cudnn-tf32', {}).get('gpu_ms'))} | "
-            + " | ".join(_fmt(ours[a]) for a in OUR_ALGOS)
-            + f" | {best[1]}: {_fmt(cudnn / best[0] if cudnn and best[0] else None)}x faster | "
-            + f"{_fmt(res.get(best[1], {}).get('wall_ms') if best[1] else None)} |"
-        )
-    return "\n".join(lines)
-
-
-def sweep_table(rows, ceil) -> str:
-    """The seed shape at other batch and image sizes: direct against cuDNN and the memory floor."""
-    lines = [
-        "| N, H=W (C=K=4, 3x3) | memory floor (ms) | cuDNN (ms) | direct (ms) | direct vs cuDNN | direct at % of copy bandwidth |",
-        "|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        res = row["results"]
-        floor = row["mbytes"] * 1e6 / (ceil["copy_GBps"] * 1e9) * 1e3
-        cudnn, direct = res.get("cudnn", {}).get("gpu_ms"), res.get("direct", {}).get("gpu_ms")
-        lines.append(f"| {row['label']} | {_fmt(floor)} | {_fmt(cudnn)} | {_fmt(direct)} | "
-                     f"{_fmt(cudnn / direct if cudnn and direct else None)}x | {_fmt(100 * floor / direct if direct else None)} |")
-    return "\n".join(lines)
-
-
-def resnet_table(rows) -> tuple[str, dict]:
-    names = ["cudnn", "cudnn-tf32"] + [a for a in OUR_ALGOS if any(a in r["results"] for r in rows)]
-    lines = [
-        "| layer (batch 128) | GFLOP | " + " | ".join(f"{n} TFLOP/s" for n in names) + " | best ours / cuDNN |",
-        "|---|---|" + "---|" * len(names) + "---|",
-    ]
-    ratios = {n: [] for n in names}
-    best_ratios = []
-    for row in rows:
-        res = row["results"]
-        rate = {n: (row["gflop"] / res[n]["gpu_ms"] if res.get(n, {}).get("gpu_ms") else None) for n in names}
-        cudnn = rate["cudnn"]
-        for n in names:
-            if rate[n] and cudnn:
-                ratios[n].append(rate[n] / cudnn)
-        ours = [rate[a] for a in OUR_ALGOS if a in rate and rate[a]]
-        best = max(ours) / cudnn if ours and cudnn else None
-        if best:
-            best_ratios.append(best)
-        lines.append(f"| {row['label']} | {row['gflop']:.1f} | " + " | ".join(_fmt(rate[n]) for n in names)
-                     + f" | {_fmt(best)} |")
-    geo = {n: (math.exp(statistics.fmean(math.log(r) for r in v)) if v else None) for n, v in ratios.items()}
-    geo["best ours"] = math.exp(statistics.fmean(math.log(r) for r in best_ratios)) if best_ratios else None
-    lines.append("| **geometric mean of throughput / cuDNN FP32** | | " + " | ".join(_fmt(geo[n]) for n in names)
-                 + f" | **{_fmt(geo['best ours'])}** |")
-    return "\n".join(lines), geo
-
-
 # -- main -------------------------------------------------------------------------------------------------
 def run_tests(out: Path, workers: int, quick: bool) -> dict:
     root = Path(__file__).resolve().parents[2]
@@ -340,7 +285,7 @@ def run_tests(out: Path, workers: int, quick: bool) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m convlib.cuda.gpu_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m convlib.bench.gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-check-out"))
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--skip-bench", action="store_true")
@@ -375,7 +320,6 @@ def main(argv=None) -> int:
 
 def run_bench(args, result: dict, save) -> None:
     from convlib.bench.suites import resnet50
-    from convlib.problem import ConvProblem
 
     result["ceilings"] = ceilings()
     print("ceilings:", result["ceilings"], flush=True)
@@ -428,7 +372,7 @@ def profile_host(problem) -> str:
 
 
 def tile_sweep(args, seed, cases) -> list:
-    from convlib.cuda.blocking import GEMM_TILES, DirectTile, GemmTile
+    from convlib.cuda.tables import KNOBS, DirectTile, GemmTile
 
     rows = []
     direct_tiles = [
@@ -436,11 +380,11 @@ def tile_sweep(args, seed, cases) -> list:
         DirectTile(32, 256, 4, 8, 4, 1), DirectTile(16, 512, 2, 16, 4, 1), DirectTile(8, 512, 2, 16, 4, 2),
         DirectTile(16, 256, 4, 8, 4, 2), DirectTile(32, 128, 2, 4, 4, 2),
     ]
-    tiles = {f"direct {t.TH}x{t.TW} {t.RPT}x{t.JPT} KB{t.KB} CB{t.CB}": {"direct": t} for t in direct_tiles}
+    tiles = {f"direct {t.TH}x{t.TW} {t.RPT}x{t.JPT} KB{t.KB} CB{t.CB}": {"direct_tile": t} for t in direct_tiles}
     runs = {name: "direct" for name in tiles}
     rows.append(_sweep_case("seed", seed, runs, tiles, args.reps))
-    gemm_tiles = list(GEMM_TILES["float32"])[:4] + [GemmTile(64, 256, 8, 8, 8), GemmTile(64, 32, 8, 4, 4)]
-    tiles = {f"blis {t.BM}x{t.BN}x{t.BK} {t.TM}x{t.TN}": {"gemm": t} for t in gemm_tiles}
+    gemm_tiles = list(KNOBS.lookup("gemm_tiles", "float32"))[:4] + [GemmTile(64, 256, 8, 8, 8), GemmTile(64, 32, 8, 4, 4)]
+    tiles = {f"blis {t.BM}x{t.BN}x{t.BK} {t.TM}x{t.TN}": {"gemm_tile": t} for t in gemm_tiles}
     runs = {name: "blis" for name in tiles}
     picks = [c for c in cases if c.label in (
         "s2 3x3 64>64", "s2 1x1 64>256", "s3 1x1 512>128", "s4 1x1 256>1024", "s5 1x1 2048>512", "s3 3x3/2 128>128")]
@@ -452,7 +396,7 @@ def tile_sweep(args, seed, cases) -> list:
 def _sweep_case(label, problem, runs, tiles, reps):
     import torch
 
-    from convlib.cuda import blocking
+    from convlib.cuda.tables import KNOBS
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     tx = torch.randn(problem.x_shape, device="cuda", generator=gen)
@@ -460,43 +404,13 @@ def _sweep_case(label, problem, runs, tiles, reps):
     row = {"label": label, "gflop": problem.flops / 1e9, "results": {}}
     for name, algo in runs.items():
         try:
-            with blocking.forced_tiles(**tiles[name]):
+            with KNOBS.override(**tiles[name]):
                 ms = statistics.median(gpu_times(_ours(problem, algo, tx, tw), reps=max(5, reps // 2)))
             row["results"][name] = {"gpu_ms": ms}
         except Exception as exc:  # noqa: BLE001
             row["results"][name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
         print(f"  sweep {label:20s} {name:34s} {row['results'][name]}", flush=True)
     return row
-
-
-def render(report) -> str:
-    env = report["environment"]
-    parts = [f"GPU: {env['gpu']} ({env['multiprocessors']} SMs, driver/clock/memory {env['driver']}); "
-             f"numba {env['numba']}, numba-cuda {env['numba_cuda']}, torch {env['torch']}, cuDNN {env['cudnn']}, CuPy {env['cupy']}"]
-    if "tests" in report:
-        parts.append(f"tests: {report['tests']['summary']} ({report['tests']['seconds']:.0f} s; rc {report['tests']['returncode']})")
-    if "ceilings" in report:
-        c = report["ceilings"]
-        parts.append(f"ceilings: copy {c['copy_GBps']:.0f} GB/s (read + write); FP32 matmul (TF32 off) {c['sgemm_TFLOPs']:.1f} TFLOP/s")
-        parts.append(seed_table(report["seed"], c))
-        if report.get("seed_sweeps"):
-            parts.append(sweep_table(report["seed_sweeps"], c))
-        table, geo = resnet_table(report["resnet50"])
-        report["geomean"] = geo
-        parts.append(table)
-        all_rows = report["seed"] + report.get("seed_sweeps", []) + report["resnet50"]
-        errors = [(r["label"], n, e["rel_error"]) for r in all_rows for n, e in r["results"].items() if "rel_error" in e]
-        worst = {}
-        for label, n, e in errors:
-            worst[n] = max(worst.get(n, 0.0), e)
-        parts.append("worst relative error vs cuDNN float64: " + ", ".join(f"{n} {e:.1e}" for n, e in worst.items()))
-        failures = [(r["label"], n, e["error"]) for r in all_rows for n, e in r["results"].items() if "error" in e]
-        if failures:
-            parts.append("failures: " + "; ".join(f"{l}/{n}: {e}" for l, n, e in failures))
-    for row in report.get("tile_sweep", []):
-        best = sorted((v["gpu_ms"], k) for k, v in row["results"].items() if "gpu_ms" in v)
-        parts.append(f"sweep {row['label']}: " + ", ".join(f"{k} {ms:.3f}ms" for ms, k in best[:8]))
-    return "\n\n".join(parts) + "\n"
 
 
 if __name__ == "__main__":

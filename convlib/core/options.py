@@ -1,4 +1,8 @@
-"""Library-wide options a user may change at run time.
+"""Library-wide options a user may change at run time: how much memory convlib may take.
+
+Options are policy, the same for every backend, documented in the README. The tuning values of
+the kernels (block sizes, work-group sizes, engines) are not options: they are knobs, one table
+per backend (:mod:`convlib.core.knobs`).
 
 >>> import convlib
 >>> convlib.options.im2col_workspace_cap = 64 * 2**20       # bytes
@@ -13,9 +17,8 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
-from .problem import IM2COL_WORKSPACE_CAP
-
-
+#: Default of ``Options.im2col_workspace_cap``: the cap on im2col's column matrix, in bytes.
+IM2COL_WORKSPACE_CAP = 256 * 2**20
 #: Default of ``Options.output_cache_bytes``.
 OUTPUT_CACHE_BYTES = 512 * 2**20
 
@@ -47,7 +50,7 @@ class Options:
     output_cache_bytes : int
         Bytes of dropped CPU outputs (of at least 32 MiB each) kept for reuse by later calls of
         the same size, which then skip the page faults of fresh memory
-        (:mod:`convlib.output_cache`); 0 turns the reuse off. Default 512 MiB, or
+        (:mod:`convlib.core.output_cache`); 0 turns the reuse off. Default 512 MiB, or
         ``CONVLIB_OUTPUT_CACHE_MB`` (MiB) when set at import.
     """
 

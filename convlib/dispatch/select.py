@@ -1,15 +1,17 @@
 """``algo="auto"``: which algorithm serves a problem best, and why.
 
-Rules first (what can serve at all), then a cost model calibrated on this project's benchmarks
-(``python -m convlib.bench``); see :func:`choose_algorithm` for the rules themselves.
+Rules first (what can serve at all), then a winner measured on this device earlier
+(:mod:`convlib.dispatch.tuning`), then a cost model calibrated on this project's benchmarks
+(``python -m convlib.bench``); :func:`convlib.choose_algorithm` lists the rules themselves.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import tuning
-from .problem import ConvProblem
+from ..core.problem import ConvProblem
+from . import registry, tuning
+from .devices import ResolvedDevice
 
 
 @dataclass(frozen=True)
@@ -105,99 +107,19 @@ def _cost_model(problem: ConvProblem, backend: str, candidates: list[str]) -> tu
     return candidates[0], "the first algorithm that can serve this problem"
 
 
-def choose_algorithm_for(problem: ConvProblem, backend: str, device_key: str | None = None) -> Choice:
-    """:func:`choose_algorithm` for a validated problem and a backend name.
+def choose(operation: str, problem: ConvProblem, target: ResolvedDevice) -> Choice:
+    """What ``algo="auto"`` runs for ``problem`` on ``target``, and why.
 
-    A choice measured earlier for this problem and device (``measure=True``) wins over the model.
+    A choice measured earlier for this operation, problem and device (``measure=True``, kept by
+    :mod:`convlib.dispatch.tuning` under the device's stable identity) wins over the model.
     """
-    from .api import serving_algorithms
-
-    candidates = serving_algorithms(backend, problem)
+    backend = target.name
+    candidates = registry.serving_algorithms(operation, backend, problem)
     if not candidates:
         raise NotImplementedError(f"no algorithm of the {backend} backend serves {problem.describe()}")
-    remembered = _remembered().get(tuning.problem_key(problem, device_key or backend))
+    remembered = tuning.lookup(operation, problem, target.identity)
     if remembered is not None and remembered["algo"] in candidates:
         return Choice(remembered["algo"], "measured fastest on this machine (tuning cache)",
                       tuple(candidates), dict(remembered.get("timings", {})))
     algo, reason = _cost_model(problem, backend, candidates)
     return Choice(algo, reason, tuple(candidates))
-
-
-_REMEMBERED: dict | None = None
-
-
-def _remembered() -> dict:
-    # Read the tuning file once per process; measure=True keeps this copy current.
-    global _REMEMBERED
-    if _REMEMBERED is None:
-        _REMEMBERED = tuning.load()
-    return _REMEMBERED
-
-
-def forget_measurements() -> None:
-    """Drop this process' copy of the tuning cache (it is read again on next use)."""
-    global _REMEMBERED
-    _REMEMBERED = None
-
-
-def choose_algorithm(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, device=None,
-                     measure=False, repeats=5) -> Choice:
-    """What ``conv2d(..., algo="auto")`` would run for these arguments, and why.
-
-    Parameters
-    ----------
-    x, w, bias, stride, padding, dilation, groups, device
-        As in :func:`convlib.conv2d`. Only shapes, dtypes and where the data lives are read.
-    measure : bool, default False
-        Time every candidate on random data of this shape (``repeats`` interleaved calls after a
-        warm-up, median), pick the fastest and remember it in the tuning cache
-        (:mod:`convlib.tuning`): later ``algo="auto"`` calls on this problem and device, in this
-        process and later ones, use the measured winner.
-    repeats : int, default 5
-        Timed calls per candidate when measuring.
-
-    Returns
-    -------
-    Choice
-        The algorithm, the reason, the candidates and (when measured) the median timings.
-
-    Notes
-    -----
-    Rules, in order:
-
-    1. Only algorithms that can serve the problem are candidates (Winograd needs 3x3, stride 1,
-       dilation 1).
-    2. A winner measured earlier for this problem and device (``measure=True``) is used.
-    3. Thin GEMMs (reduction ``C/groups * R * S < 32`` or fewer than 16 output channels per
-       group, e.g. the seed thesis' C=K=4 images or depthwise layers) go to ``direct``: they are
-       bound by memory traffic and direct convolution reads the image once and writes the output
-       once.
-    4. On the CPU, 3x3 stride-1 layers with at least 32 input and output channels per group and at
-       least 256 output pixels go to Winograd F(4x4,3x3), which measured 1.3-2x faster than the
-       best GEMM-based algorithm on ResNet-50's 3x3 layers. On SYCL devices the same layers go to
-       F(4x4,3x3) from 28x28 outputs up and to F(2x2,3x3) below.
-    5. On the CPU, other layers with at most 256 output channels per group and a reduction
-       ``C/groups * R * S <= 512`` go to ``direct`` (ResNet's stem and most 1x1 layers).
-    6. Otherwise the GEMM-based algorithm that measured fastest on the backend: ``blis`` on the
-       CPU, ``im2col`` on SYCL devices, ``blis`` (implicit GEMM) on CUDA GPUs, where ``direct`` is
-       kept for depthwise layers and for ``C/groups <= 16`` with ``K/groups <= 32``.
-    """
-    from .api import build_problem
-    from .backends import resolve_device
-
-    problem = build_problem(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
-    target = resolve_device(device, x, w, bias)
-    device_key = target.backend.name if device is None else str(device)
-    if not measure:
-        return choose_algorithm_for(problem, target.backend.name, device_key)
-    from .api import serving_algorithms
-
-    candidates = serving_algorithms(target.backend.name, problem)
-    timings = tuning.time_algorithms(problem, candidates, device if device is not None else target.backend.name,
-                                     repeats=repeats)
-    best = min(timings, key=timings.get)
-    key = tuning.problem_key(problem, device_key)
-    tuning.store(key, best, timings)
-    _remembered()[key] = {"algo": best, "timings": timings}
-    return Choice(best, f"measured fastest of {len(candidates)} candidates ({timings[best] * 1e3:.3g} ms)",
-                  tuple(candidates), timings)

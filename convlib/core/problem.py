@@ -8,18 +8,14 @@ re-checks them.
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .options import options
+
 SUPPORTED_DTYPES = ("float32", "float64")
-
-#: Default cap on im2col's column matrix, in bytes; the live value is
-#: ``convlib.options.im2col_workspace_cap`` (see :mod:`convlib.config`).
-IM2COL_WORKSPACE_CAP = 256 * 2**20
-
 
 
 @dataclass(frozen=True)
@@ -48,7 +44,7 @@ class ConvProblem:
 
     Notes
     -----
-    Derived sizes (``P``, ``Q``, the GEMM sizes, FLOPs, bytes, workspaces) are properties, so the
+    Derived sizes (``P``, ``Q``, the GEMM sizes, FLOPs, bytes) are properties, so the
     dataclass stays a plain value: two equal problems hash equal whatever was asked of them.
     The GEMM view is per group: ``M = K / groups`` rows of filters, ``Ngemm = N * P * Q`` output
     pixels, ``Kgemm = C / groups * R * S`` reduction length.
@@ -99,6 +95,11 @@ class ConvProblem:
     @property
     def y_shape(self) -> tuple[int, int, int, int]:
         return (self.N, self.K, self.P, self.Q)
+
+    @property
+    def output_shape(self) -> tuple[int, int, int, int]:
+        """The shape of the operation's result (``y_shape`` for the forward convolution)."""
+        return self.y_shape
 
     @property
     def pad_top(self) -> int:
@@ -165,46 +166,11 @@ class ConvProblem:
         least 1: a single image whose column matrix exceeds the cap is still served.
         """
         if cap_bytes is None:
-            from .config import options
-
             cap_bytes = options.im2col_workspace_cap
         per_image = self.C * self.R * self.S * self.P * self.Q * self.itemsize
         if per_image == 0 or self.N == 0:
             return max(self.N, 1)
         return max(1, min(self.N, cap_bytes // per_image))
-
-    def workspace_bytes(self, algo: str, cap_bytes: int | None = None) -> int:
-        """Temporary memory the CPU implementation of ``algo`` allocates beyond x, w, bias and y.
-
-        Parameters
-        ----------
-        algo : str
-            ``"direct"`` (the gathered, zero-padded input planes when padding or stride need them),
-            ``"im2col"`` (one batch chunk's column matrix), ``"blis"`` (the packed panels,
-            independent of N, H and W), ``"winograd"``/``"winograd4"`` or ``"winograd2"`` (the
-            transformed filters plus one chunk of transformed tiles).
-        cap_bytes : int, optional
-            im2col's chunk cap (default ``convlib.options.im2col_workspace_cap``).
-
-        Notes
-        -----
-        Each figure comes from the module that allocates it, so it stays true as kernels change.
-        """
-        if algo == "im2col":
-            return self.im2col_batch_chunk(cap_bytes) * self.C * self.R * self.S * self.P * self.Q * self.itemsize
-        if algo == "direct":
-            from .cpu.direct import workspace_bytes
-
-            return workspace_bytes(self)
-        if algo == "blis":
-            from .cpu.blocking import blis_blocking
-
-            return blis_blocking(self.dtype).workspace_bytes(self)
-        if algo in ("winograd", "winograd2", "winograd4"):
-            from .cpu import winograd
-
-            return (winograd.F2 if algo == "winograd2" else winograd.F4).workspace_bytes(self)
-        raise ValueError(f"workspace_bytes: algo={algo!r}; allowed are direct, im2col, blis, winograd, winograd2, winograd4")
 
     def describe(self) -> str:
         """A one-line human description, e.g. for benchmark tables."""
@@ -385,7 +351,3 @@ def make_problem(
     _check_sizes(problem)
     return problem
 
-
-def gflops(problem: ConvProblem, seconds: float) -> float:
-    """Throughput in GFLOP/s for a run of ``problem`` that took ``seconds``."""
-    return problem.flops / seconds / 1e9 if seconds > 0 else math.inf

@@ -228,7 +228,8 @@ def winograd_correlate_tile(d: np.ndarray, g: np.ndarray, m: int) -> np.ndarray:
 class WinogradTile:
     """What every backend's Winograd F(m x m, 3 x 3) object shares: its tile and which problems it serves.
 
-    Backends subclass it and add ``conv2d`` (the module contract of :mod:`convlib.registry`).
+    Backends subclass it and add ``run`` and ``workspace_bytes`` (the implementation contract of
+    :mod:`convlib.core.contracts`).
 
     Parameters
     ----------

@@ -18,7 +18,7 @@ of at least :data:`MIN_BYTES`; smaller outputs come from ``np.empty``, whose all
 reuses them.
 
 The SYCL backend keeps the results it allocates in host memory on a CPU device (shared USM) in
-the same pool (:func:`convlib.sycl.common.device_empty`, through :func:`take` and
+the same pool (:func:`convlib.sycl.memory.device_empty`, through :func:`take` and
 :func:`release_when_unreachable`): there a fresh 128 MiB result cost ~7 ms of page faults.
 """
 
@@ -29,7 +29,7 @@ import weakref
 
 import numpy as np
 
-from .config import options
+from .options import options
 
 #: Outputs smaller than this are plain ``np.empty`` arrays (malloc's arenas reuse those).
 MIN_BYTES = 32 * 2**20

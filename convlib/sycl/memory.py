@@ -1,7 +1,8 @@
-"""Helpers shared by the SYCL algorithm modules: launching over padded ranges, padding the input.
+"""Device memory of the SYCL backend: allocations (pooled and huge-page advised on CPU devices),
+host views of shared USM, and the zero-padded input copy kernels read without bounds tests.
 
-Only :func:`launch` touches numba-dpex; the data movement here uses dpctl.tensor operations, which
-are precompiled in dpctl and so cost no kernel compile.
+The data movement here uses dpctl.tensor operations, precompiled in dpctl, so it costs no kernel
+compile.
 """
 
 from __future__ import annotations
@@ -11,62 +12,17 @@ import functools
 
 import numpy as np
 
-from .. import output_cache
+from ..core import output_cache
 from . import runtime
-from .blocking import padded, work_group
+from .tables import KNOBS
 
 
-def element_type(dtype: str):
-    """The numpy scalar type kernels use for private accumulators of ``dtype``."""
-    return np.float32 if dtype == "float32" else np.float64
-
-
-def launch(kernel, global_size: tuple[int, ...], local_wanted: tuple[int, ...], queue, *args) -> None:
-    """Run ``kernel`` over ``global_size`` work-items in work-groups of (clamped) ``local_wanted``.
-
-    The global range is padded up to whole work-groups; kernels guard the padding themselves. All
-    array arguments must live on ``queue`` (numba-dpex infers the queue from them).
-    """
-    mods = runtime.load()
-    kapi = mods.kapi
-    if min(global_size) <= 0:
-        return
-    local = work_group(queue.sycl_device, local_wanted)
-    glob = tuple(padded(int(g), int(l)) for g, l in zip(global_size, local))
-    mods.dpex.call_kernel(kernel, kapi.NdRange(kapi.Range(*glob), kapi.Range(*local)), *args)
-
-
-@functools.lru_cache(maxsize=1)
-def fused_multiply_add():
-    """``fma(a, b, c) = a * b + c`` with one rounding, for use inside numba-dpex kernels.
-
-    WORKAROUND(numba-dpex-0.23-no-fma): numba-dpex never contracts ``a * b + c`` into an FMA
-    (not with ``fastmath=True`` nor ``-cl-mad-enable``), and Python 3.11 has no ``math.fma``.
-    Separate multiplies and adds also need a temporary register each, so 8-row register blocks
-    spilled on AVX2; with this intrinsic (``llvm.fma``, which the SPIR-V translator maps to
-    OpenCL's ``fma``) the 8-row GEMM kernel ran 1.5x faster than the best unfused one.
-    ``tests/test_sycl_runtime.py`` tells when plain ``a * b + c`` gets fused and this can go.
-    """
-    import llvmlite.ir as llvm_ir
-    from numba.core import types
-    from numba.extending import intrinsic
-
-    runtime.load()
-    from numba_dpex.kernel_api_impl.spirv.target import SPIRV_TARGET_NAME
-
-    @intrinsic(target=SPIRV_TARGET_NAME)
-    def fma(typingctx, a, b, c):
-        if not (isinstance(a, types.Float) and a == b == c):
-            return None
-
-        def codegen(context, builder, signature, args):
-            t = args[0].type
-            fn = builder.module.declare_intrinsic("llvm.fma", [t], llvm_ir.FunctionType(t, [t, t, t]))
-            return builder.call(fn, args)
-
-        return a(a, b, c), codegen
-
-    return fma
+def padded_input_bytes(problem) -> int:
+    """Bytes of the zero-padded copy :func:`zero_padded_input` makes (0 without padding)."""
+    if not any(problem.padding):
+        return 0
+    top, bottom, left, right = problem.padding
+    return problem.N * problem.C * (problem.H + top + bottom) * (problem.W + left + right) * problem.itemsize
 
 
 def zero_padded_input(problem, x):
@@ -105,8 +61,6 @@ def bias_or_zeros(problem, bias, queue):
     return runtime.load().dpt.zeros((problem.K,), dtype=problem.dtype, sycl_queue=queue)
 
 
-#: Arrays at least this large are advised to use transparent huge pages on CPU devices.
-HUGE_PAGE_MIN_BYTES = 4 * 2**20
 _MADV_HUGEPAGE = 14  # Linux <sys/mman.h>
 
 
@@ -129,7 +83,7 @@ def advise_huge_pages(arr) -> None:
     kernel, ~15 ms with huge pages (where the system's THP mode is ``madvise``). Only for CPU
     devices, whose USM allocations are ordinary host memory.
     """
-    if arr.nbytes < HUGE_PAGE_MIN_BYTES or not arr.sycl_device.is_cpu:
+    if arr.nbytes < KNOBS.huge_page_min_bytes or not arr.sycl_device.is_cpu:
         return
     madvise = _madvise()
     if madvise is None:
@@ -161,7 +115,7 @@ def device_empty(shape, dtype: str, queue, *, result: bool = False):
 
 
 def _cached_shared_empty(shape, dtype: str, queue, nbytes: int):
-    """A shared-USM array over a block of :mod:`convlib.output_cache`'s pool (reused once every
+    """A shared-USM array over a block of :mod:`convlib.core.output_cache`'s pool (reused once every
     array over it is gone: its page faults are paid once, ~7 ms per 128 MiB here)."""
     dpt = runtime.load().dpt
     key = ((queue, "shared"), nbytes)

@@ -1,0 +1,228 @@
+"""What one benchmark shape times: convlib's algorithms as :class:`~convlib.dispatch.plan.Plan`
+objects on each device, and the baselines (PyTorch, scipy).
+
+A convlib candidate's call is :meth:`Plan.timed_call`: the inputs are put on the device once, here,
+and each timed call runs the plan and synchronises the device, exactly what
+``choose_algorithm(measure=True)`` times. ``auto`` builds its plan inside the call (choosing is
+part of what it costs, as in ``conv2d(algo="auto")``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..core.problem import ConvProblem
+from ..dispatch import registry
+from ..dispatch.devices import resolve_device
+from ..dispatch.plan import Plan, plan_for
+from ..testing import conv2d_reference_for
+
+#: A CPU algorithm is skipped when its workspace plus its output would take more than this share of
+#: the memory available (Winograd's workspace on the 4096^2 seed shape is ~10-17 GB): an out-of-
+#: memory kill would end the whole run, and hurt whoever else uses the machine.
+MEMORY_HEADROOM = 0.8
+
+
+@dataclass
+class Candidate:
+    """Something to time on one shape.
+
+    Attributes
+    ----------
+    name : str
+        The algorithm (``"direct"``, ..., ``"auto"``) or baseline (``"torch"``, ``"scipy"``).
+    device : str
+        Where it runs (``"cpu"``, a SYCL filter string, ``"cuda:0"``).
+    kind : str
+        ``"convlib"`` or ``"baseline"``.
+    call : callable
+        Runs once and returns the result, synchronised.
+    to_host : callable
+        Turns a result into a numpy array (for the correctness check).
+    picked : str or None
+        For ``auto``: the algorithm it ran, and ``reason`` why.
+    """
+
+    name: str
+    device: str
+    kind: str
+    call: Callable[[], Any]
+    to_host: Callable[[Any], np.ndarray] = np.asarray
+    picked: str | None = None
+    reason: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@{self.device}"
+
+
+@dataclass
+class Skipped:
+    """A candidate that was not timed on a shape, and why (``status``: unsupported, unavailable, skipped)."""
+
+    name: str
+    device: str
+    kind: str
+    status: str
+    note: str
+
+
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_shortfall(plan: Plan) -> str | None:
+    """Why a CPU plan should not run here for lack of memory, or None (the plan's workspace plus
+    its output against ``MemAvailable``)."""
+    problem = plan.problem
+    need = plan.workspace_bytes() + problem.N * problem.K * problem.P * problem.Q * problem.itemsize
+    available = available_memory_bytes()
+    if available is None or need <= MEMORY_HEADROOM * available:
+        return None
+    return (f"needs ~{need / 1e9:.1f} GB (workspace + output) but only {available / 1e9:.1f} GB are available; "
+            f"skipped rather than risk the out-of-memory killer")
+
+
+def convlib_candidates(problem: ConvProblem, device: str, algos, x, w, bias) -> list[Candidate | Skipped]:
+    """One candidate per algorithm of ``algos`` (``"auto"`` allowed) on ``device``.
+
+    Inputs are placed on the device here, once. Algorithms that cannot serve the problem, or
+    whose module cannot be imported, come back as :class:`Skipped`, and so do CPU algorithms
+    whose workspace would not fit in memory (:func:`memory_shortfall`).
+    """
+    target = resolve_device(device)
+    backend, handle = target.backend, target.handle
+    arrays = None
+
+    def to_host(y):
+        return np.asarray(backend.finish(y, x, handle))
+
+    out: list[Candidate | Skipped] = []
+    for algo in algos:
+        try:
+            plan = plan_for("conv2d", problem, target, algo)
+            short = memory_shortfall(plan) if backend.name == "cpu" else None
+            if short is not None:
+                note = f"-> {plan.algorithm}: {short}" if algo == "auto" else short
+                out.append(Skipped(algo, device, "convlib", "skipped", note))
+                continue
+            if arrays is None:
+                arrays = plan.prepare(x, w, bias)
+            if algo == "auto":
+                def call_auto(arrays=arrays):
+                    # What conv2d(algo="auto") does per call: choose, then run.
+                    auto = plan_for("conv2d", problem, target, "auto")
+                    y = auto.execute(*arrays)
+                    backend.synchronize(handle)
+                    return y
+
+                out.append(Candidate("auto", device, "convlib", call_auto, to_host, plan.algorithm, plan.reason))
+            else:
+                out.append(Candidate(algo, device, "convlib", plan.timed_call(*arrays), to_host))
+        except NotImplementedError as exc:
+            out.append(Skipped(algo, device, "convlib", "unsupported", _reason_only(str(exc))))
+        except ImportError as exc:
+            out.append(Skipped(algo, device, "convlib", "unavailable", f"cannot import: {exc}"))
+    return out
+
+
+def _reason_only(message: str) -> str:
+    """The reason of a plan's ``NotImplementedError`` without its prefix and list of alternatives."""
+    head, sep, rest = message.partition(": ")
+    reason = rest if sep and head.startswith("algo=") else message
+    return reason.split(". Algorithms that can:")[0]
+
+
+def torch_conv(problem: ConvProblem, x, w, bias, dtype=None) -> Callable[[], Any]:
+    """``torch.nn.functional.conv2d`` on the CPU for ``problem``; inputs shared with numpy, not copied.
+
+    Asymmetric padding, which ``conv2d`` cannot express, is an explicit ``F.pad`` inside the call.
+    ``dtype`` (e.g. ``"float64"``) converts the inputs first (reference answers).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    def tensor(a):
+        if a is None:
+            return None
+        return torch.from_numpy(a if dtype is None else a.astype(dtype))
+
+    xt, wt, bt = tensor(x), tensor(w), tensor(bias)
+    top, bottom, left, right = problem.padding
+    if top == bottom and left == right:
+        def call():
+            with torch.no_grad():
+                return F.conv2d(xt, wt, bt, problem.stride, (top, left), problem.dilation, problem.groups)
+    else:
+        def call():
+            with torch.no_grad():
+                return F.conv2d(F.pad(xt, (left, right, top, bottom)), wt, bt, problem.stride, 0,
+                                problem.dilation, problem.groups)
+    return call
+
+
+def scipy_estimate_s(problem: ConvProblem, x, w) -> float:
+    """Seconds the scipy baseline would take: one image and one filter, times ``N * K``."""
+    t0 = time.perf_counter()
+    conv2d_reference_for(problem, x[:1], w[:1], None, problem.dtype)
+    return (time.perf_counter() - t0) * problem.N * problem.K
+
+
+def baseline_candidates(problem: ConvProblem, baselines, x, w, bias, *, scipy_max_seconds: float = 10.0
+                        ) -> list[Candidate | Skipped]:
+    """Candidates for the baselines named in ``baselines`` (``"torch"``, ``"scipy"``), on the CPU.
+
+    scipy is skipped when one call is estimated to take more than ``scipy_max_seconds``.
+    """
+    out: list[Candidate | Skipped] = []
+    for name in baselines:
+        if name == "torch":
+            try:
+                out.append(Candidate("torch", "cpu", "baseline", torch_conv(problem, x, w, bias), lambda y: y.numpy()))
+            except ImportError as exc:
+                out.append(Skipped("torch", "cpu", "baseline", "unavailable", f"cannot import torch: {exc}"))
+        elif name == "scipy":
+            estimate = scipy_estimate_s(problem, x, w)
+            if estimate > scipy_max_seconds:
+                out.append(Skipped("scipy", "cpu", "baseline", "skipped",
+                                   f"estimated {estimate:.3g} s per call > --scipy-max-seconds {scipy_max_seconds:g}"))
+            else:
+                out.append(Candidate("scipy", "cpu", "baseline", lambda: conv2d_reference_for(problem, x, w, bias, problem.dtype)))
+        else:
+            raise ValueError(f"unknown baseline {name!r}; known baselines are torch, scipy")
+    return out
+
+
+def default_algorithms(device: str) -> list[str]:
+    """Every algorithm ``device`` offers, aliases removed, then ``auto``.
+
+    Two names served by the same implementation (``winograd`` and ``winograd4``) would be timed
+    twice for nothing; the first name is kept.
+    """
+    backend = resolve_device(device).name
+    names, seen = [], []
+    for algo in registry.algorithm_names(backend):
+        try:
+            impl = registry.implementation("conv2d", backend, algo)
+        except ImportError:
+            names.append(algo)  # reported as unavailable per shape
+            continue
+        if any(impl is other for other in seen):
+            continue
+        seen.append(impl)
+        names.append(algo)
+    return names + ["auto"]
+
+

@@ -1,0 +1,67 @@
+"""Is a benchmarked answer right? The best reference a shape affords, and how far off we may be.
+
+Every candidate's first answer is compared with :func:`reference_for`: float64 PyTorch when the
+shape is small enough, else PyTorch in the problem's dtype, else the float64 scipy reference
+(:mod:`convlib.testing`) for small shapes. A fast wrong kernel is then flagged
+(``status="wrong"``) rather than celebrated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.problem import ConvProblem
+from ..testing import conv2d_reference_for, relative_error
+from .candidates import torch_conv
+
+#: Relative (Frobenius) error allowed against a float64 reference, per dtype (the project's bar).
+TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
+#: Extra factor allowed when the reference itself is computed in the problem's dtype (PyTorch in
+#: float32 has rounding errors of its own, of the same order as ours).
+SAME_PRECISION_SLACK = 4.0
+#: Largest x + y (elements) for which a float64 PyTorch reference is computed (1 GiB of float64).
+FLOAT64_REFERENCE_MAX_ELEMENTS = 2**27
+#: Largest problem (FLOPs) for which the slow scipy float64 reference is used when PyTorch is absent.
+SCIPY_REFERENCE_MAX_FLOPS = 2e9
+
+
+@dataclass
+class Reference:
+    """A reference answer and how far a result may be from it.
+
+    Attributes
+    ----------
+    y : numpy.ndarray or None
+        The answer (None: no check possible).
+    label : str
+        How it was computed (``"torch-float64"``, ``"torch-float32"``, ``"scipy-float64"``, ``"none"``).
+    tolerance : float
+        Largest relative Frobenius error accepted.
+    """
+
+    y: np.ndarray | None
+    label: str
+    tolerance: float
+
+
+def reference_for(problem: ConvProblem, x, w, bias) -> Reference:
+    """The best reference affordable for ``problem`` (see the module docstring)."""
+    tol = TOLERANCE[problem.dtype]
+    small = (problem.N * (problem.C * problem.H * problem.W + problem.K * problem.P * problem.Q)
+             <= FLOAT64_REFERENCE_MAX_ELEMENTS)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        if problem.flops <= SCIPY_REFERENCE_MAX_FLOPS:
+            return Reference(conv2d_reference_for(problem, x, w, bias), "scipy-float64", tol)
+        return Reference(None, "none", math.inf)
+    if small or problem.dtype == "float64":
+        return Reference(torch_conv(problem, x, w, bias, dtype="float64")().numpy(), "torch-float64", tol)
+    y = torch_conv(problem, x, w, bias)().numpy()
+    return Reference(y, f"torch-{problem.dtype}", tol * SAME_PRECISION_SLACK)
+
+
+__all__ = ["Reference", "reference_for", "relative_error", "TOLERANCE"]

@@ -1,0 +1,49 @@
+"""The CPU backend: numba kernels on the host, numpy arrays in and out."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.contracts import Backend
+from .isa import cpu_model, host_isa
+
+
+class CpuBackend(Backend):
+    """numba kernels on the host; numpy arrays in and out (see :class:`convlib.core.contracts.Backend`)."""
+
+    name = "cpu"
+
+    def unavailable_reason(self):
+        return None
+
+    def device_names(self):
+        return ["cpu"]
+
+    def owns(self, arr):
+        return isinstance(arr, np.ndarray)
+
+    def resolve(self, spec, arrays):
+        return None
+
+    def identity(self, handle):
+        # The thread count is part of the device: a choice measured on 2 threads need not win on 16.
+        from numba import get_num_threads
+
+        return f"cpu|{cpu_model()}|{host_isa()}|{get_num_threads()} threads"
+
+    def prepare(self, arr, dtype, handle):
+        # ascontiguousarray copies only when the layout or dtype differs; kernels never write
+        # to their inputs, so read-only and shared views are safe to pass through.
+        return np.ascontiguousarray(arr, dtype=dtype)
+
+    def empty(self, shape, dtype, handle):
+        return np.empty(shape, dtype=dtype)
+
+    def synchronize(self, handle):
+        return None
+
+    def finish(self, y, like, handle):
+        return y
+
+
+BACKEND = CpuBackend()

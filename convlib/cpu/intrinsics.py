@@ -1,0 +1,285 @@
+"""Vector intrinsics for the CPU kernels: whole-vector loads, stores and FMAs at an element
+index of a 1-D array, written as LLVM IR through ``numba.extending.intrinsic``.
+
+Why not numpy slices: the micro-kernels need a fixed register tile (LLVM's loop vectoriser picks
+its own vector width, 256 bits on Intel AVX-512 parts, which doubled a 6x64 tile's accumulators
+and spilled them), and the packing routines move short runs that a plain loop spends in LLVM's
+scalar remainder. None of these intrinsics checks bounds: callers keep their indices inside the
+arrays (or inside the slack they allocated for it).
+
+Two families:
+
+* ``lanes``-wide vectors (a literal argument) for the micro-kernels: :func:`vector_zero`,
+  :func:`vector_fma`, :func:`vector_add_into`, :func:`vector_store_plus`,
+  :func:`vector_store_split`, and :func:`prefetch_for_write`;
+* 32-byte vectors for the packing routines: :func:`copy_vector`, :func:`copy_vector_stride2`,
+  :func:`zero_vector` and :func:`vector_lanes` (elements per 32 bytes, a compile-time constant).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+from .tables import VECTOR_SLACK_BYTES
+
+
+def _vector_at(context, builder, array_type, array, index, lanes):
+    """``(pointer, vector type, element alignment)`` for ``lanes`` elements at ``array[index]``."""
+    elem = context.get_value_type(array_type.dtype)
+    vec = ir.VectorType(elem, lanes)
+    data = context.make_array(array_type)(context, builder, array).data
+    pointer = builder.bitcast(builder.gep(data, [index]), vec.as_pointer())
+    return pointer, vec, context.get_abi_sizeof(elem)
+
+
+def _splat(builder, vec, value):
+    lanes = vec.count
+    one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+    zeros = ir.Constant(ir.VectorType(ir.IntType(32), lanes), None)
+    return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), zeros)
+
+
+def _literal_lanes(lanes):
+    return lanes.literal_value if isinstance(lanes, types.IntegerLiteral) else None
+
+
+@intrinsic
+def vector_zero(typingctx, dst, index, lanes):
+    """``dst[index : index + lanes] = 0``."""
+    L = _literal_lanes(lanes)
+    if L is None:
+        return None
+
+    def codegen(context, builder, signature, args):
+        pointer, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], L)
+        builder.store(ir.Constant(vec, None), pointer, align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, index, lanes), codegen
+
+
+@intrinsic
+def vector_fma(typingctx, acc, acc_index, a, a_index, b, b_index, lanes):
+    """``acc[acc_index : +lanes] += a[a_index] * b[b_index : +lanes]`` (one fused multiply-add)."""
+    L = _literal_lanes(lanes)
+    if L is None:
+        return None
+
+    def codegen(context, builder, signature, args):
+        acc_ptr, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], L)
+        b_ptr, _, _ = _vector_at(context, builder, signature.args[4], args[4], args[5], L)
+        a_data = context.make_array(signature.args[2])(context, builder, args[2]).data
+        a_value = builder.load(builder.gep(a_data, [args[3]]), align=align)
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vec, [vec, vec, vec]),
+            f"llvm.fma.v{L}f{signature.args[0].dtype.bitwidth}",
+        )
+        total = builder.call(fma, [builder.load(b_ptr, align=align), _splat(builder, vec, a_value),
+                                   builder.load(acc_ptr, align=align)])
+        builder.store(total, acc_ptr, align=align)
+        return context.get_dummy_value()
+
+    return types.void(acc, acc_index, a, a_index, b, b_index, lanes), codegen
+
+
+@intrinsic
+def vector_add_into(typingctx, dst, dst_index, src, src_index, lanes):
+    """``dst[dst_index : +lanes] += src[src_index : +lanes]``."""
+    L = _literal_lanes(lanes)
+    if L is None:
+        return None
+
+    def codegen(context, builder, signature, args):
+        d, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], L)
+        s_, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], L)
+        total = builder.fadd(builder.load(d, align=align), builder.load(s_, align=align))
+        builder.store(total, d, align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_index, src, src_index, lanes), codegen
+
+
+@intrinsic
+def vector_store_plus(typingctx, dst, dst_index, src, src_index, scalar, lanes):
+    """``dst[dst_index : +lanes] = src[src_index : +lanes] + scalar``."""
+    L = _literal_lanes(lanes)
+    if L is None or not isinstance(scalar, (types.Float, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        d, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], L)
+        s_, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], L)
+        value = context.cast(builder, args[4], signature.args[4], signature.args[0].dtype)
+        total = builder.fadd(builder.load(s_, align=align), _splat(builder, vec, value))
+        builder.store(total, d, align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_index, src, src_index, scalar, lanes), codegen
+
+
+@intrinsic
+def vector_store_split(typingctx, dst, index0, index1, split, src, src_index, scalar, accumulate,
+                       lanes):
+    """Write the vector ``v = src[src_index : +lanes]`` (``+ scalar``, or ``+`` what is there when
+    ``accumulate``) with its lanes ``l < split`` at ``dst[index0 + l]`` and the others at
+    ``dst[index1 + l]``: a register tile whose columns continue in the next image.
+
+    Plain vector loads and stores when all lanes go to one side; masked ones (which touch no
+    memory in their masked-off lanes) only for the vector that straddles the split.
+    """
+    L = _literal_lanes(lanes)
+    if L is None or not isinstance(scalar, (types.Float, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        dst_t, src_t = signature.args[0], signature.args[4]
+        dst_a, i0, i1, cut, src_a, s_index, value, acc_flag = args[:8]
+        p0, vec, align = _vector_at(context, builder, dst_t, dst_a, i0, L)
+        p1, _, _ = _vector_at(context, builder, dst_t, dst_a, i1, L)
+        sp, _, _ = _vector_at(context, builder, src_t, src_a, s_index, L)
+        tile = builder.load(sp, align=align)
+        addend = _splat(builder, vec, context.cast(builder, value, signature.args[6], dst_t.dtype))
+        accumulate = context.cast(builder, acc_flag, signature.args[7], types.boolean)
+        cut = context.cast(builder, cut, signature.args[3], types.int64)
+        i32, i1t = ir.IntType(32), ir.IntType(1)
+        lane_ids = ir.Constant(ir.VectorType(ir.IntType(64), L), list(range(L)))
+        cut_vec = _splat(builder, ir.VectorType(ir.IntType(64), L), cut)
+        low_mask = builder.icmp_signed("<", lane_ids, cut_vec)
+        high_mask = builder.not_(low_mask)
+        zero = ir.Constant(vec, None)
+        bits = dst_t.dtype.bitwidth
+        masked_load = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vec, [vec.as_pointer(), i32, ir.VectorType(i1t, L), vec]),
+            f"llvm.masked.load.v{L}f{bits}.p0v{L}f{bits}")
+        masked_store = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [vec, vec.as_pointer(), i32, ir.VectorType(i1t, L)]),
+            f"llvm.masked.store.v{L}f{bits}.p0v{L}f{bits}")
+        align_c = ir.Constant(i32, align)
+
+        def plain(pointer):
+            with builder.if_else(accumulate) as (then, otherwise):
+                with then:
+                    builder.store(builder.fadd(tile, builder.load(pointer, align=align)), pointer, align=align)
+                with otherwise:
+                    builder.store(builder.fadd(tile, addend), pointer, align=align)
+
+        all_low = builder.icmp_signed(">=", cut, ir.Constant(ir.IntType(64), L))
+        all_high = builder.icmp_signed("<=", cut, ir.Constant(ir.IntType(64), 0))
+        with builder.if_else(all_low) as (low_only, rest):
+            with low_only:
+                plain(p0)
+            with rest:
+                with builder.if_else(all_high) as (high_only, mixed):
+                    with high_only:
+                        plain(p1)
+                    with mixed:
+                        there = builder.select(
+                            low_mask, builder.call(masked_load, [p0, align_c, low_mask, zero]),
+                            builder.call(masked_load, [p1, align_c, high_mask, zero]))
+                        total = builder.fadd(tile, builder.select(accumulate, there, addend))
+                        builder.call(masked_store, [total, p0, align_c, low_mask])
+                        builder.call(masked_store, [total, p1, align_c, high_mask])
+        return context.get_dummy_value()
+
+    return types.void(dst, index0, index1, split, src, src_index, scalar, accumulate, lanes), codegen
+
+
+@intrinsic
+def prefetch_for_write(typingctx, array, index):
+    """Ask for the cache line holding ``array[index]`` (for writing), no bounds check."""
+    if not isinstance(array, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        address = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]),
+            "llvm.prefetch.p0i8")
+        builder.call(fn, [address, ir.Constant(i32, 1), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(array, index), codegen
+
+
+# Packing B moves short runs (a few to NR pixels): a plain loop spends them in LLVM's scalar
+# remainder (its vector body is 32+ elements wide). These copy whole 32-byte vectors instead and
+# may write up to one vector past the run: pack_b_from_image writes every panel row left to right,
+# rows and panels in increasing order, so whatever a vector writes past its run is written again
+# later, and Bc has one vector of slack at its end (VECTOR_SLACK_BYTES).
+VECTOR_BYTES = VECTOR_SLACK_BYTES
+
+
+def _packing_lanes(context, array_type):
+    return VECTOR_BYTES // context.get_abi_sizeof(context.get_value_type(array_type.dtype))
+
+
+@intrinsic
+def copy_vector(typingctx, dst, dst_index, src, src_index):
+    """``dst[dst_index : dst_index + V] = src[src_index : src_index + V]``, V = 32 bytes of
+    elements, as one unaligned vector load and store (no bounds check)."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.dtype == src.dtype):
+        return None
+
+    def codegen(context, builder, signature, args):
+        lanes = _packing_lanes(context, signature.args[0])
+        d, _, align = _vector_at(context, builder, signature.args[0], args[0], args[1], lanes)
+        s_, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], lanes)
+        builder.store(builder.load(s_, align=align), d, align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_index, src, src_index), codegen
+
+
+@intrinsic
+def copy_vector_stride2(typingctx, dst, dst_index, src, src_index):
+    """``dst[dst_index : dst_index + V] = src[src_index : src_index + 2*V : 2]``, V = 32 bytes of
+    elements: two vector loads, one shuffle of their even lanes, one store (no bounds check).
+    Stride-2 layers read every other input column; element by element that was most of their
+    packing time."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.dtype == src.dtype):
+        return None
+
+    def codegen(context, builder, signature, args):
+        lanes = _packing_lanes(context, signature.args[0])
+        d, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], lanes)
+        s_, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], lanes)
+        low = builder.load(s_, align=align)
+        high = builder.load(builder.gep(s_, [ir.Constant(ir.IntType(64), 1)]), align=align)
+        evens = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [2 * i for i in range(lanes)])
+        builder.store(builder.shuffle_vector(low, high, evens), d, align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_index, src, src_index), codegen
+
+
+@intrinsic
+def zero_vector(typingctx, dst, dst_index):
+    """``dst[dst_index : dst_index + V] = 0`` as one vector store (no bounds check)."""
+    if not isinstance(dst, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        lanes = _packing_lanes(context, signature.args[0])
+        d, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], lanes)
+        builder.store(ir.Constant(vec, None), d, align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_index), codegen
+
+
+def vector_lanes(array):
+    """Elements of ``array``'s dtype in one 32-byte vector, as a compile-time constant (jitted
+    code only; ``array.itemsize`` would be a run-time load, and a loop stepping by it a division).
+    """
+    raise NotImplementedError("vector_lanes is called from numba-compiled code only")
+
+
+@overload(vector_lanes)
+def _vector_lanes_overload(array):
+    lanes = VECTOR_BYTES // (array.dtype.bitwidth // 8)
+    return lambda array: lanes

@@ -1,0 +1,195 @@
+"""The BLIS micro-kernels of :mod:`convlib.cpu.blis`, generated per register tile.
+
+:func:`micro_kernel` computes an ``MR x NR`` tile of the output from a ``kc x MR`` sliver of the
+packed filters and a ``kc x NR`` sliver of the packed image, and stores it straight into ``y``
+(adding the bias on the first ``pc`` block, accumulating on the others). It is generated per
+``(MR, NR, lanes)`` from :data:`_MICRO_KERNEL_TEMPLATE`, rows and vectors unrolled in the
+source (:mod:`convlib.cpu.codegen`), with explicit vector intrinsics
+(:mod:`convlib.cpu.intrinsics`) on a stack buffer that LLVM keeps in registers: per reduction
+step NR/lanes vector loads of B, MR broadcasts of A, MR*NR/lanes FMAs (6x64 float32 on AVX-512:
+24 zmm accumulators; 3x32 on AVX2: 12 ymm). Before its reduction loop the kernel prefetches the
+tile's rows of ``y`` (on 14x14 and 7x7 images, where rows are short and the hardware prefetchers
+lose them, waiting for them at the store cost 5-10%).
+
+:func:`micro_kernel_split` stores a tile whose columns run into the next image (each vector to
+its image, masked stores only for the vector that straddles the boundary); :func:`store_edge_tile`
+copies out a tile that is not whole, from a per-thread ``MR x NR`` buffer, in runs of one image.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import types
+from numba.extending import overload
+
+from .codegen import PER_ROW, PER_ROW_VECTOR, PER_VECTOR_ROW, exec_function, render
+from .intrinsics import (
+    prefetch_for_write,
+    vector_add_into,
+    vector_fma,
+    vector_store_plus,
+    vector_store_split,
+    vector_zero,
+)
+from .isa import simd_bytes
+from .stack_buffer import stack_array_1d
+
+_MICRO_KERNEL_TEMPLATE = f'''
+def micro_kernel_{{MR}}x{{NR}}(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, MR, NR):
+    # Explicit {{L}}-lane vectors (NR/{{L}} per row): the register tile does not depend on the
+    # width LLVM's loop vectoriser prefers (256 bits on Intel AVX-512 parts, which would double
+    # the accumulators and spill them), and no index goes through numba's wraparound test.
+    acc = stack_array_1d({{MR}} * {{NR}}, c.dtype)
+    vector_zero(acc, {{o}}, {{L}})  {PER_ROW_VECTOR}
+    prefetch_for_write(c, c_off + {{i}} * ldc + {{j}})  {PER_ROW_VECTOR}
+    for p in range(kc):
+        ap = a_off + p * {{MR}}
+        bp = b_off + p * {{NR}}
+        vector_fma(acc, {{o}}, a, ap + {{i}}, b, bp + {{j}}, {{L}})  {PER_VECTOR_ROW}
+    if mode == ACCUMULATE:
+        vector_add_into(c, c_off + {{i}} * ldc + {{j}}, acc, {{o}}, {{L}})  {PER_ROW_VECTOR}
+    else:
+        bias{{i}} = bias[bias_off + {{i}}] if mode == STORE_WITH_BIAS else 0.0  {PER_ROW}
+        vector_store_plus(c, c_off + {{i}} * ldc + {{j}}, acc, {{o}}, bias{{i}}, {{L}})  {PER_ROW_VECTOR}
+'''
+
+#: The same tile for columns that continue in the next image: those from ``head`` on go to
+#: ``c_off2`` (the next image's first pixel of row 0) instead of following ``c_off``'s row.
+_SPLIT_MICRO_KERNEL_TEMPLATE = _MICRO_KERNEL_TEMPLATE.split("    if mode == ACCUMULATE:")[0].replace(
+    "def micro_kernel_{MR}x{NR}(kc, a, a_off, b, b_off, c, c_off, ldc,",
+    "def micro_kernel_split_{MR}x{NR}(kc, a, a_off, b, b_off, c, c_off, c_off2, head, ldc,",
+).replace(
+    "    for p in range(kc):",
+    "    prefetch_for_write(c, c_off2 + {i} * ldc)  " + PER_ROW + "\n    for p in range(kc):",
+) + f'''    accumulate = mode == ACCUMULATE
+    bias{{i}} = bias[bias_off + {{i}}] if mode == STORE_WITH_BIAS else 0.0  {PER_ROW}
+    vector_store_split(c, c_off + {{i}} * ldc + {{j}}, c_off2 + {{i}} * ldc + {{j}} - head, head - {{j}}, acc, {{o}}, bias{{i}}, accumulate, {{L}})  {PER_ROW_VECTOR}
+'''
+
+#: How the micro-kernel writes its tile: the first ``pc`` block stores (adding the bias when there
+#: is one), the later ones accumulate.
+STORE, STORE_WITH_BIAS, ACCUMULATE = 0, 1, 2
+
+_NAMESPACE = {
+    "vector_store_split": vector_store_split,
+    "prefetch_for_write": prefetch_for_write,
+    "stack_array_1d": stack_array_1d,
+    "vector_zero": vector_zero,
+    "vector_fma": vector_fma,
+    "vector_add_into": vector_add_into,
+    "vector_store_plus": vector_store_plus,
+    "uintp": np.uintp,
+    "ACCUMULATE": ACCUMULATE,
+    "STORE_WITH_BIAS": STORE_WITH_BIAS,
+}
+
+
+def micro_kernel_lanes(MR: int, NR: int, itemsize: int) -> int:
+    """Lanes of the micro-kernel's vectors: the SIMD width of :func:`~convlib.cpu.isa.host_isa`
+    for this itemsize, halved until it divides NR."""
+    lanes = simd_bytes() // itemsize
+    while NR % lanes:
+        lanes //= 2
+    return lanes
+
+
+def render_micro_kernel(MR: int, NR: int, L: int) -> str:
+    """Source of the ``MR x NR`` micro-kernel with ``L``-lane vectors."""
+    return render(_MICRO_KERNEL_TEMPLATE, MR, NR, L)
+
+
+def render_split_micro_kernel(MR: int, NR: int, L: int) -> str:
+    """Source of the ``MR x NR`` micro-kernel whose tile continues in the next image."""
+    return render(_SPLIT_MICRO_KERNEL_TEMPLATE, MR, NR, L)
+
+
+@functools.lru_cache(maxsize=None)
+def _micro_kernel_function(MR: int, NR: int, L: int):
+    return exec_function(render_micro_kernel(MR, NR, L), f"micro_kernel_{MR}x{NR}", _NAMESPACE, "blis")
+
+
+@functools.lru_cache(maxsize=None)
+def _split_micro_kernel_function(MR: int, NR: int, L: int):
+    return exec_function(render_split_micro_kernel(MR, NR, L), f"micro_kernel_split_{MR}x{NR}", _NAMESPACE, "blis")
+
+
+def micro_kernel(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, MR, NR):
+    """``c[c_off + i*ldc + j] (+)= sum_p a[a_off + p*MR + i] * b[b_off + p*NR + j]`` (+ bias).
+
+    For ``i < MR``, ``j < NR``, ``p < kc``; ``mode`` is :data:`STORE`, :data:`STORE_WITH_BIAS`
+    (adds ``bias[bias_off + i]``) or :data:`ACCUMULATE`. ``MR`` and ``NR`` must be compile-time
+    constants (literals or closure constants of a jitted caller). Callable from jitted code only.
+    """
+    raise NotImplementedError("micro_kernel is called from numba-compiled code only")
+
+
+@overload(micro_kernel, prefer_literal=True, jit_options={"fastmath": {"contract"}})
+def _micro_kernel_overload(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, MR, NR):
+    if not (isinstance(MR, types.IntegerLiteral) and isinstance(NR, types.IntegerLiteral)):
+        return None  # numba retries with the literal types
+    mr, nr = MR.literal_value, NR.literal_value
+    return _micro_kernel_function(mr, nr, micro_kernel_lanes(mr, nr, c.dtype.bitwidth // 8))
+
+
+def micro_kernel_split(kc, a, a_off, b, b_off, c, c_off, c_off2, head, ldc, mode, bias, bias_off,
+                       MR, NR):
+    """:func:`micro_kernel` for a tile whose columns ``j >= head`` continue in the next image:
+    they go to ``c[c_off2 + i*ldc + j - head]``, the others to ``c[c_off + i*ldc + j]``.
+    Callable from jitted code only."""
+    raise NotImplementedError("micro_kernel_split is called from numba-compiled code only")
+
+
+@overload(micro_kernel_split, prefer_literal=True, jit_options={"fastmath": {"contract"}})
+def _micro_kernel_split_overload(kc, a, a_off, b, b_off, c, c_off, c_off2, head, ldc, mode, bias,
+                                 bias_off, MR, NR):
+    if not (isinstance(MR, types.IntegerLiteral) and isinstance(NR, types.IntegerLiteral)):
+        return None
+    mr, nr = MR.literal_value, NR.literal_value
+    return _split_micro_kernel_function(mr, nr, micro_kernel_lanes(mr, nr, c.dtype.bitwidth // 8))
+
+
+def store_edge_tile(tile, NR, geo, row0, mr, col0, nr, mode, bias, y):
+    """Write rows ``< mr`` and columns ``< nr`` of ``tile`` (the micro-kernel's ``MR x NR`` result,
+    rows of ``NR``) to output channels ``row0 + i`` and pixels ``col0 + j`` of ``y`` (flat NCHW),
+    in runs that stay in one image; ``mode`` as for :func:`micro_kernel`. Whole vectors, then a
+    scalar tail (never past a run: the neighbouring pixels may belong to another thread).
+    ``NR`` a compile-time constant. Callable from jitted code only."""
+    raise NotImplementedError("store_edge_tile is called from numba-compiled code only")
+
+
+@overload(store_edge_tile, prefer_literal=True)
+def _store_edge_tile_overload(tile, NR, geo, row0, mr, col0, nr, mode, bias, y):
+    if not isinstance(NR, types.IntegerLiteral):
+        return None
+    L = micro_kernel_lanes(1, NR.literal_value, y.dtype.bitwidth // 8)
+
+    def store_edge_tile_impl(tile, NR, geo, row0, mr, col0, nr, mode, bias, y):
+        PQ = geo.out_h * geo.out_w
+        K = geo.out_channels
+        n = col0 // PQ
+        pq = col0 - n * PQ
+        done = 0
+        while done < nr:
+            run = min(nr - done, PQ - pq)
+            whole = run - run % L
+            for i in range(mr):
+                dst = (n * K + row0 + i) * PQ + pq
+                src = i * NR + done
+                if mode == ACCUMULATE:
+                    for v in range(0, whole, L):
+                        vector_add_into(y, dst + v, tile, src + v, L)
+                    for t in range(whole, run):
+                        y[np.uintp(dst + t)] += tile[np.uintp(src + t)]
+                else:
+                    b = bias[row0 + i] if mode == STORE_WITH_BIAS else 0.0
+                    for v in range(0, whole, L):
+                        vector_store_plus(y, dst + v, tile, src + v, b, L)
+                    for t in range(whole, run):
+                        y[np.uintp(dst + t)] = tile[np.uintp(src + t)] + b
+            done += run
+            pq = 0
+            n += 1
+
+    return store_edge_tile_impl

@@ -1,0 +1,219 @@
+"""Every tuning knob of the CPU backend, in one table (:data:`KNOBS`), and the types of its rows.
+
+Change knobs for a while with ``KNOBS.override(...)`` (see :mod:`convlib.core.knobs`); read them
+with ``KNOBS.<name>``, or through :func:`blis_blocking` and :func:`direct_blockings` for the
+per-ISA rows. ``python -c "from convlib.cpu.tables import KNOBS; print(KNOBS.describe())"``
+prints the table.
+
+BLIS block sizes
+----------------
+The five loops of BLIS (Van Zee & van de Geijn, 2015) partition C = A @ B, with A the
+``M x Kgemm`` filter matrix of one group and B the ``Kgemm x Ngemm`` (implicit) im2col matrix:
+
+========  =====================================================================================
+``NC``    columns of B (output pixels) per outer ``jc`` block; the packed ``Bc`` panel is KC x NC
+``KC``    depth (``c, r, s`` taps) per ``pc`` block; ``Bc`` and ``Ac`` share it
+``MC``    rows of A (output channels) per ``ic`` block; the packed ``Ac`` panel is MC x KC
+``MR``    rows of the register tile the micro-kernel keeps in accumulators
+``NR``    columns of that register tile; a multiple of the SIMD width
+========  =====================================================================================
+
+``Ac`` (MC x KC) is meant to stay in L2 and a KC x MR sliver of it in L1 while the micro-kernel
+streams KC x NR slivers of ``Bc`` (KC x NC) from L2. MR x NR sets the register tile: MR*NR/16
+zmm accumulators for float32 (24 of the 32 for 6x64), NR/16 vector loads and MR broadcasts per
+reduction step. The AVX-512 rows were measured on the Zen 5 measurement machine and the GPU
+machine's Xeon host, the AVX2 rows on the AVX2 development machine (docs/benchmarks.md).
+
+Direct register blocks
+----------------------
+:class:`DirectBlocking` rows: ``KB`` output channels x ``QB`` wide output positions per register
+block of :mod:`convlib.cpu.direct`, per vectorisation width of the loop vectoriser
+(:func:`direct_isa`) and dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.knobs import Knob, KnobTable
+from .isa import host_isa, loop_vector_bytes
+
+
+@dataclass(frozen=True)
+class BlisBlocking:
+    """One row of the BLIS block-size table (see the module docstring for the names).
+
+    ``MC`` must be a multiple of ``MR`` and ``NC`` a multiple of ``NR``, so that every packed
+    panel is a whole number of register tiles.
+    """
+
+    MC: int
+    KC: int
+    NC: int
+    MR: int
+    NR: int
+
+    def __post_init__(self):
+        if self.MC % self.MR or self.NC % self.NR:
+            raise ValueError(f"{self}: MC must be a multiple of MR and NC a multiple of NR")
+
+    def panel_sizes(self, problem) -> tuple[int, int, int]:
+        """``(mc, kc, nc)``: the block sizes clipped to ``problem``, as the panels are allocated.
+
+        ``mc`` and ``nc`` are rounded up to whole register tiles (the packing routines pad the
+        last tile with zeros). ``kc`` is the step of the ``pc`` loop: the reduction length cut into
+        equal blocks of at most KC (576 = 2 x 288, not 384 + 192), so no block is so short that
+        the micro-kernel's load and store of its tile dominates it.
+        """
+        mc = min(self.MC, _round_up(problem.gemm_m, self.MR))
+        blocks = -(-problem.gemm_k // self.KC)
+        kc = -(-problem.gemm_k // blocks)
+        nc = min(self.NC, _round_up(max(problem.gemm_n, 1), self.NR))
+        return mc, kc, nc
+
+    def workspace_bytes(self, problem, threads: int) -> int:
+        """Bytes of the packed panels for ``problem``: O(MC*KC + KC*NC), whatever N, H, W are.
+
+        Every thread owns an ``Ac`` (mc x kc), a ``Bc`` (kc x nc, plus :data:`VECTOR_SLACK_BYTES`),
+        an MR x NR edge tile and two int64 tables for the packing of B, kc x 7 (taps) and NR x 4
+        (pixel runs); see :mod:`convlib.cpu.blis` for why the threads share nothing.
+        """
+        mc, kc, nc = self.panel_sizes(problem)
+        per_thread = (mc * kc + kc * nc + self.MR * self.NR) * problem.itemsize
+        per_thread += VECTOR_SLACK_BYTES + (kc * 7 + self.NR * 4) * 8
+        return threads * per_thread
+
+
+#: Bytes of slack after each thread's ``Bc``: the packing's whole-vector writes may run one
+#: 32-byte vector past the last panel.
+VECTOR_SLACK_BYTES = 32
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+@dataclass(frozen=True)
+class DirectBlocking:
+    """One register block of the direct kernel.
+
+    Attributes
+    ----------
+    KB : int
+        Output channels per block (weights broadcast, one accumulator row each).
+    QB : int
+        Consecutive wide output positions per block; a multiple of the SIMD width.
+        ``KB * QB / lanes`` accumulators, ``KB`` broadcast weights and one input vector must
+        fit in the vector registers (32 zmm with AVX-512, 16 ymm with AVX2).
+    speed : float
+        Measured multiply-adds per second relative to the table's best block, on a deep
+        reduction; :func:`convlib.cpu.direct.choose_blocking` divides the padded work by it.
+    """
+
+    KB: int
+    QB: int
+    speed: float = 1.0
+
+
+#: Register tiles per (instruction set, dtype), like BLIS's per-target configurations. The tile
+#: fills about three quarters of the vector registers with accumulators: 6 rows x 4 zmm for
+#: AVX-512 (32 registers), 3 rows x 4 ymm for AVX2 (16 registers; 3x32 is the one AVX2 shape whose
+#: loop LLVM schedules without spilling). float64 halves NR (same bytes per vector register row).
+_BLIS_BLOCKING = {
+    ("avx512", "float32"): BlisBlocking(MC=96, KC=384, NC=1024, MR=6, NR=64),
+    ("avx512", "float64"): BlisBlocking(MC=96, KC=256, NC=1024, MR=6, NR=32),
+    ("avx2", "float32"): BlisBlocking(MC=96, KC=384, NC=1024, MR=3, NR=32),
+    ("avx2", "float64"): BlisBlocking(MC=96, KC=256, NC=512, MR=3, NR=16),
+}
+
+#: Direct candidates per loop-vectoriser width (see :func:`direct_isa`) and dtype. float64 halves
+#: QB. AVX-512: 24 zmm accumulators. AVX-512 vectorised with ymm: 24 ymm accumulators + KB
+#: broadcasts + 1 input vector <= 32 registers. AVX2: 12 ymm accumulators + KB broadcasts + 1
+#: input vector <= 16 registers (4 x 24 would need 17 and spills; 4 x 16 has too few
+#: accumulators for its broadcasts). The single-channel blocks serve depthwise convolution.
+_DIRECT_BLOCKINGS = {
+    ("avx512", "float32"): (
+        DirectBlocking(KB=4, QB=96), DirectBlocking(KB=8, QB=48), DirectBlocking(KB=12, QB=32),
+        DirectBlocking(KB=1, QB=128, speed=0.5),
+    ),
+    ("avx512", "float64"): (
+        DirectBlocking(KB=4, QB=48), DirectBlocking(KB=8, QB=24), DirectBlocking(KB=12, QB=16),
+        DirectBlocking(KB=1, QB=64, speed=0.5),
+    ),
+    ("avx512-ymm", "float32"): (
+        DirectBlocking(KB=4, QB=48), DirectBlocking(KB=6, QB=32), DirectBlocking(KB=3, QB=64),
+        DirectBlocking(KB=1, QB=128, speed=0.5),
+    ),
+    ("avx512-ymm", "float64"): (
+        DirectBlocking(KB=4, QB=24), DirectBlocking(KB=6, QB=16), DirectBlocking(KB=3, QB=32),
+        DirectBlocking(KB=1, QB=64, speed=0.5),
+    ),
+    ("avx2", "float32"): (
+        DirectBlocking(KB=3, QB=32), DirectBlocking(KB=2, QB=48, speed=0.9), DirectBlocking(KB=1, QB=96, speed=0.5),
+    ),
+    ("avx2", "float64"): (
+        DirectBlocking(KB=3, QB=16), DirectBlocking(KB=2, QB=24, speed=0.9), DirectBlocking(KB=1, QB=48, speed=0.5),
+    ),
+}
+
+KNOBS = KnobTable("cpu", [
+    # -- blis ------------------------------------------------------------------------------
+    Knob("blis_blocking", _BLIS_BLOCKING, "BLIS block sizes MC, KC, NC and register tile MR x NR "
+         "(see the module docstring)", keyed_by=("isa", "dtype")),
+    Knob("blis_partitions", None, "work partitions of the blis driver, each with its own workspace; "
+         "None = numba's thread count (more than the threads reaches other thread grids, for tests)"),
+    Knob("blis_pack_cost_flops", 16, "cost of packing one element by a plain copy (A; B of a 1x1 stride-1 "
+         "layer), in FLOP-equivalents of micro-kernel work, for the thread split"),
+    Knob("blis_image_pack_cost_flops", 64, "cost of packing one element of B from the image (general and "
+         "strided routines: 0.7-1 ns against 0.16-0.25 ns for a copy on the AVX2 machine)"),
+    Knob("blis_pointwise_tap_block", 16, "taps (channel streams) packed together by the pointwise packing "
+         "routines", compile_time=True),
+    # -- direct ----------------------------------------------------------------------------
+    Knob("direct_blockings", _DIRECT_BLOCKINGS, "candidate register blocks of direct "
+         "(DirectBlocking rows), per loop-vectoriser width and dtype", keyed_by=("isa", "dtype")),
+    Knob("direct_l2_input_budget", 512 * 1024, "input bytes one direct work item's chunk of positions may "
+         "read: about half of a 1 MB L2, leaving the rest to the weights streaming past"),
+    Knob("direct_serial_below_flops", 10_000_000, "direct problems with fewer FLOPs (~0.2 ms on one core) "
+         "run on one thread: waking the others costs more than it saves"),
+    # -- winograd --------------------------------------------------------------------------
+    Knob("winograd_chunk_bytes", 4 * 2**20, "target bytes of one chunk's transformed input plus GEMM output "
+         "(V + M): a few MB, so both stay in the last-level cache between the three passes"),
+    Knob("winograd_register_tile", {"float32": (5, 16), "float64": (5, 8)}, "(MR, NR) of Winograd's GEMM "
+         "micro-kernel: 5 rows of two AVX2 vectors fit the 16 ymm registers (6 x 2 spilled)",
+         keyed_by=("dtype",)),
+    Knob("winograd_keep_workspace_bytes", 64 * 2**20, "Winograd workspace buffers up to this size are kept "
+         "per thread between calls (fresh pages cost a fault per 4 KiB)"),
+    Knob("winograd_gemm_schedule_chunk", 4, "GEMM items a thread takes at a time under dynamic scheduling"),
+    Knob("winograd_parts_per_thread", 4, "work parts per thread in the transforms", compile_time=True),
+    Knob("winograd_pass_block", 64, "columns a 1-D transform pass computes into its stack buffer before "
+         "storing them", compile_time=True),
+])
+
+
+def blis_blocking(dtype: str) -> BlisBlocking:
+    """The :class:`BlisBlocking` for ``dtype`` on this machine's instruction set."""
+    return KNOBS.lookup("blis_blocking", (host_isa(), dtype))
+
+
+def direct_isa() -> str:
+    """The key of the direct table for this machine: ``"avx512"`` (LLVM vectorises loops with
+    zmm), ``"avx512-ymm"`` (AVX-512 present, 256-bit loop vectors: 32 ymm registers) or ``"avx2"``
+    (16 ymm registers; also what a hypervisor that hides AVX-512 leaves)."""
+    if host_isa() == "avx2":
+        return "avx2"
+    return "avx512" if loop_vector_bytes() == 64 else "avx512-ymm"
+
+
+def direct_blockings(dtype: str) -> tuple[DirectBlocking, ...]:
+    """The :class:`DirectBlocking` candidates for ``dtype`` on this machine."""
+    return KNOBS.lookup("direct_blockings", (direct_isa(), dtype))
+
+
+def all_direct_blockings() -> dict:
+    """Every row of the direct table (tests run them all, whatever the host)."""
+    return dict(_DIRECT_BLOCKINGS)
+
+
+def all_blis_blockings() -> dict:
+    """Every row of the BLIS table (tests check them all, whatever the host)."""
+    return dict(_BLIS_BLOCKING)

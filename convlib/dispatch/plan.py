@@ -1,0 +1,135 @@
+"""A :class:`Plan` is one resolved call: the operation, its problem, the device, the algorithm and
+the implementation that computes it. It is the one way a convolution runs.
+
+``convlib.conv2d`` builds a plan and runs it; ``choose_algorithm(measure=True)``, the benchmarks
+(``python -m convlib.bench``, its SYCL benchmark and GPU check) build plans and time them. So
+what runs when a user calls the library is exactly what is measured, and the steps exist once:
+
+========================  =======================================================================
+:func:`make_plan`         resolve the device (``device=`` or the data), then :func:`plan_for`
+:func:`plan_for`          pick the algorithm (``"auto"``: :func:`convlib.dispatch.select.choose`;
+                          else check that it can serve, or ``NotImplementedError`` naming those
+                          that can) and its implementation
+:meth:`Plan.prepare`      the arrays on the device, contiguous, in the problem's dtype (copies
+                          only where needed; inputs are never modified)
+:meth:`Plan.execute`      the implementation on prepared arrays; the result stays on the device
+:meth:`Plan.run`          prepare, execute, and hand the result back in the kind of the first
+                          array (numpy in, numpy out; dpnp in, dpnp out; ...)
+:meth:`Plan.timed_call`   what every timing measures: one execution on prepared arrays, then a
+                          synchronisation of the device (copies in and out are not timed)
+========================  =======================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..core.problem import ConvProblem
+from . import registry
+from .devices import ResolvedDevice, resolve_device
+from .select import choose
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One resolved call (see the module docstring).
+
+    Attributes
+    ----------
+    operation : str
+        ``"conv2d"`` (see :data:`convlib.dispatch.registry.OPERATIONS`).
+    problem : ConvProblem
+        The validated problem.
+    target : ResolvedDevice
+        The backend and its device handle.
+    algorithm : str
+        The algorithm that runs (``"auto"`` resolved).
+    implementation : object
+        Its implementation (the contract of :mod:`convlib.core.contracts`).
+    reason : str
+        Why this algorithm: ``"auto"``'s reason, or that it was asked for.
+    """
+
+    operation: str
+    problem: ConvProblem
+    target: ResolvedDevice
+    algorithm: str
+    implementation: Any
+    reason: str
+
+    @property
+    def backend(self):
+        """The :class:`~convlib.core.contracts.Backend` the plan runs on."""
+        return self.target.backend
+
+    @property
+    def handle(self):
+        """The backend's device handle (None on the CPU)."""
+        return self.target.handle
+
+    def prepare(self, *arrays) -> tuple:
+        """The operation's arrays on the device: C-contiguous, of the problem's dtype (None stays None)."""
+        backend, dtype, handle = self.target.backend, self.problem.dtype, self.target.handle
+        return tuple(None if a is None else backend.prepare(a, dtype, handle) for a in arrays)
+
+    def execute(self, *device_arrays):
+        """The result of the operation on prepared arrays, on the device (maybe still computing)."""
+        if self.problem.N == 0:  # an empty batch has an empty result; no kernel runs
+            return self.target.backend.empty(self.problem.output_shape, self.problem.dtype, self.target.handle)
+        return self.implementation.run(self.problem, *device_arrays, self.target.handle)
+
+    def run(self, *arrays):
+        """Prepare, execute, and return the result in the kind of ``arrays[0]``."""
+        out = self.execute(*self.prepare(*arrays))
+        return self.target.backend.finish(out, arrays[0], self.target.handle)
+
+    def timed_call(self, *device_arrays) -> Callable[[], Any]:
+        """A zero-argument callable for :func:`convlib.core.timing.time_interleaved`: one
+        :meth:`execute` on ``device_arrays`` (from :meth:`prepare`), then a synchronisation."""
+        backend, handle = self.target.backend, self.target.handle
+
+        def call():
+            out = self.execute(*device_arrays)
+            backend.synchronize(handle)
+            return out
+
+        return call
+
+    def workspace_bytes(self) -> int:
+        """Temporary memory the implementation allocates beyond its inputs and result."""
+        return self.implementation.workspace_bytes(self.problem, self.target.handle)
+
+    def describe(self) -> str:
+        """One line: operation, algorithm, device and problem."""
+        return f"{self.operation} {self.algorithm} on {self.target.name}: {self.problem.describe()}"
+
+
+def plan_for(operation: str, problem: ConvProblem, target: ResolvedDevice, algo: str = "auto") -> Plan:
+    """The :class:`Plan` for ``problem`` on an already resolved device.
+
+    Raises
+    ------
+    NotImplementedError
+        ``algo`` cannot serve ``problem`` on this backend; the message lists the algorithms that
+        can.
+    """
+    backend = target.name
+    if algo == "auto":
+        choice = choose(operation, problem, target)
+        algo, reason = choice.algo, choice.reason
+    else:
+        why_not = registry.unsupported_reason(operation, backend, algo, problem)
+        if why_not is not None:
+            able = registry.serving_algorithms(operation, backend, problem)
+            raise NotImplementedError(
+                f"algo={algo!r} cannot serve this problem on {backend}: {why_not}. "
+                f"Algorithms that can: {', '.join(able) or 'none'}"
+            )
+        reason = "asked for"
+    return Plan(operation, problem, target, algo, registry.implementation(operation, backend, algo), reason)
+
+
+def make_plan(operation: str, problem: ConvProblem, device=None, algo: str = "auto", arrays=()) -> Plan:
+    """Resolve ``device`` (None: where ``arrays`` live) and build the :class:`Plan`."""
+    return plan_for(operation, problem, resolve_device(device, *arrays), algo)

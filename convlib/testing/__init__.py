@@ -1,0 +1,106 @@
+"""The plain reference every test, example and benchmark compares against: scipy.signal.correlate.
+
+Deliberately independent of convlib's kernels and written for obviousness, not speed:
+padding by ``np.pad``, dilation by spreading the filter with zeros, stride by slicing the
+stride-1 result, groups by slicing channels. Computed in float64 by default (the reference); the
+benchmarks also time it in the problem's dtype as the scipy baseline.
+
+Needs scipy (the ``test`` extra); importing this module does not.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def dilate_filter(w2d: np.ndarray, dil_h: int, dil_w: int) -> np.ndarray:
+    """Spread the taps of ``w2d`` (..., R, S) with zeros: the dilated filter as a dense one."""
+    R, S = w2d.shape[-2:]
+    out = np.zeros(w2d.shape[:-2] + ((R - 1) * dil_h + 1, (S - 1) * dil_w + 1), dtype=w2d.dtype)
+    out[..., ::dil_h, ::dil_w] = w2d
+    return out
+
+
+def conv2d_reference(x, w, bias=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1,
+                     dtype=np.float64):
+    """Reference convolution, in float64 unless ``dtype`` says otherwise.
+
+    Parameters
+    ----------
+    x : (N, C, H, W) array
+    w : (K, C // groups, R, S) array
+    bias : (K,) array or None
+    stride, dilation : (int, int)
+    padding : (top, bottom, left, right)
+    groups : int
+    dtype : numpy dtype, default float64
+        The precision it computes in.
+
+    Returns
+    -------
+    (N, K, P, Q) array of ``dtype``
+    """
+    from scipy import signal
+
+    x = np.asarray(x, dtype=dtype)
+    w = np.asarray(w, dtype=dtype)
+    N, C, H, W = x.shape
+    K, Cg, R, S = w.shape
+    top, bottom, left, right = padding
+    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    wd = dilate_filter(w, *dilation)
+    full_p = xp.shape[2] - wd.shape[2] + 1
+    full_q = xp.shape[3] - wd.shape[3] + 1
+    P = (full_p - 1) // stride[0] + 1
+    Q = (full_q - 1) // stride[1] + 1
+    y = np.zeros((N, K, P, Q), dtype=dtype)
+    Kg = K // groups
+    for n in range(N):
+        for k in range(K):
+            g = k // Kg
+            planes = xp[n, g * Cg:(g + 1) * Cg]
+            # A 3-D 'valid' correlation over (Cg, Hp, Wp) with (Cg, R', S') sums over channels.
+            full = signal.correlate(planes, wd[k], mode="valid")[0]
+            y[n, k] = full[::stride[0], ::stride[1]]
+    if bias is not None:
+        y += np.asarray(bias, dtype=dtype)[None, :, None, None]
+    return y
+
+
+def conv2d_reference_for(problem, x, w, bias=None, dtype=np.float64):
+    """:func:`conv2d_reference` with the parameters of a ``ConvProblem``."""
+    return conv2d_reference(
+        x, w, bias, stride=problem.stride, padding=problem.padding,
+        dilation=problem.dilation, groups=problem.groups, dtype=dtype,
+    )
+
+
+def relative_error(y, ref) -> float:
+    """Relative Frobenius error ``||y - ref|| / ||ref||`` (absolute when ``ref`` is zero).
+
+    Accumulated in float64 a few images at a time, so gigabyte results need no float64 copy;
+    ``inf`` when the error is not finite. Raises ``ValueError`` when the shapes differ.
+    """
+    y = np.asarray(y)
+    ref = np.asarray(ref)
+    if y.shape != ref.shape:
+        raise ValueError(f"result has shape {y.shape}, expected {ref.shape}")
+    if ref.ndim == 0:
+        y, ref = y.reshape(1), ref.reshape(1)
+    per_image = max(1, int(np.prod(ref.shape[1:])))
+    step = max(1, 2**24 // per_image)
+    err = norm = 0.0
+    for n in range(0, max(ref.shape[0], 1), step):
+        r = ref[n:n + step].astype(np.float64)
+        d = y[n:n + step].astype(np.float64) - r
+        err += float(np.vdot(d, d))
+        norm += float(np.vdot(r, r))
+    if not math.isfinite(err):
+        return math.inf
+    return math.sqrt(err / norm) if norm > 0 else math.sqrt(err)
+
+
+#: Relative (Frobenius) error bound against the float64 reference, per dtype.
+TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
