@@ -112,6 +112,10 @@ def convlib_candidates(problem: ConvProblem, device: str, algos, x, w, bias) -> 
     out: list[Candidate | Skipped] = []
     for algo in algos:
         try:
+            why_not = None if algo == "auto" else registry.unsupported_reason("conv2d", backend.name, algo, problem)
+            if why_not is not None:
+                out.append(Skipped(algo, device, "convlib", "unsupported", why_not))
+                continue
             plan = plan_for("conv2d", problem, target, algo)
             short = memory_shortfall(plan) if backend.name == "cpu" else None
             if short is not None:
@@ -131,18 +135,11 @@ def convlib_candidates(problem: ConvProblem, device: str, algos, x, w, bias) -> 
                 out.append(Candidate("auto", device, "convlib", call_auto, to_host, plan.algorithm, plan.reason))
             else:
                 out.append(Candidate(algo, device, "convlib", plan.timed_call(*arrays), to_host))
-        except NotImplementedError as exc:
-            out.append(Skipped(algo, device, "convlib", "unsupported", _reason_only(str(exc))))
+        except NotImplementedError as exc:  # auto, when nothing serves
+            out.append(Skipped(algo, device, "convlib", "unsupported", str(exc)))
         except ImportError as exc:
             out.append(Skipped(algo, device, "convlib", "unavailable", f"cannot import: {exc}"))
     return out
-
-
-def _reason_only(message: str) -> str:
-    """The reason of a plan's ``NotImplementedError`` without its prefix and list of alternatives."""
-    head, sep, rest = message.partition(": ")
-    reason = rest if sep and head.startswith("algo=") else message
-    return reason.split(". Algorithms that can:")[0]
 
 
 def torch_conv(problem: ConvProblem, x, w, bias, dtype=None) -> Callable[[], Any]:
