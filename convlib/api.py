@@ -8,26 +8,14 @@ names), then hands a :class:`~convlib.dispatch.plan.Plan` the work.
 
 from __future__ import annotations
 
-import numpy as np
-
 from .core.problem import ConvProblem, array_dtype, make_problem
 from .dispatch import registry
-from .dispatch.devices import array_backend, devices as _devices, resolve_device
+from .dispatch.devices import devices as _devices, host_array, resolve_device
 from .dispatch.measure import choose_by_measuring
 from .dispatch.plan import make_plan
 from .dispatch.select import Choice, choose
 
 _ALGO_CHOICES = ("auto",) + registry.ALGORITHM_NAMES
-
-
-def _as_array(name, arr):
-    """Array-likes (lists, scalars) become numpy arrays; device arrays are left where they are."""
-    if arr is None or array_backend(arr) != "cpu" or isinstance(arr, np.ndarray):
-        return arr
-    try:
-        return np.asarray(arr)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} of type {type(arr).__name__} cannot be read as an array: {exc}") from None
 
 
 def build_problem(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1) -> ConvProblem:
@@ -50,7 +38,7 @@ def build_problem(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1)
     for name, arr in (("x", x), ("w", w)):
         if arr is None:
             raise TypeError(f"{name}=None is not an array; pass a numpy (or device) array")
-    x, w, bias = _as_array("x", x), _as_array("w", w), _as_array("bias", bias)
+    x, w, bias = host_array("x", x), host_array("w", w), host_array("bias", bias)
     for name, arr in (("x", x), ("w", w), ("bias", bias)):
         if arr is not None and not hasattr(arr, "shape"):
             raise TypeError(f"{name} of type {type(arr).__name__} is not an array")
@@ -77,8 +65,9 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
     Parameters
     ----------
     x : array, shape (N, C, H, W)
-        Input, float32 or float64. A numpy array (or array-like), a dpnp / dpctl.tensor array, or a
-        CUDA array (CuPy, numba device array, PyTorch CUDA tensor). Never modified.
+        Input, float32 or float64. A numpy array (or array-like), a PyTorch tensor, a dpnp /
+        dpctl.tensor array, or a CUDA array (CuPy, numba device array, PyTorch CUDA tensor).
+        Never modified.
     w : array, shape (K, C // groups, R, S)
         Filters, same dtype and kind as ``x``.
     bias : array, shape (K,), optional
@@ -108,7 +97,9 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
     Returns
     -------
     y : array, shape (N, K, P, Q)
-        Same dtype as ``x`` and the same kind (numpy in, numpy out, even when computed on a device).
+        Same dtype as ``x`` and the same kind, wherever it was computed: numpy in, numpy out; a
+        PyTorch tensor in, a PyTorch tensor out (CPU or CUDA, as ``x``); dpnp in, dpnp out; CuPy
+        in, CuPy out. Other host array-likes (lists, objects with ``__array__``) give numpy.
 
     Raises
     ------
@@ -116,6 +107,9 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
         Invalid arguments; the message names the argument, its value and what is allowed.
     NotImplementedError
         A valid request the chosen algorithm cannot serve; the message lists those that can.
+    MemoryError
+        Before any work, when the result cannot fit in the device's free memory. (Temporary
+        memory never passes ``convlib.options.workspace_cap``: larger problems run in pieces.)
 
     Examples
     --------
@@ -128,9 +122,10 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
            [4., 6., 6., 4.]], dtype=float32)
     """
     algo = check_algo(algo)
-    x, w, bias = _as_array("x", x), _as_array("w", w), _as_array("bias", bias)
+    like = x
+    x, w, bias = host_array("x", x), host_array("w", w), host_array("bias", bias)
     problem = build_problem(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
-    return make_plan("conv2d", problem, device, algo, (x, w, bias)).run(x, w, bias)
+    return make_plan("conv2d", problem, device, algo, (x, w, bias)).run(x, w, bias, like=like)
 
 
 def choose_algorithm(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, device=None,

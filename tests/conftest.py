@@ -43,3 +43,17 @@ def all_pairs():
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261121)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true",
+                     help="also run the tests marked slow (minutes and gigabytes each)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--slow"):
+        return
+    skip = pytest.mark.skip(reason="slow (minutes, gigabytes): run with --slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

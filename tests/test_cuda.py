@@ -156,7 +156,7 @@ def test_im2col_batch_chunks():
     """A workspace cap of one image forces one chunk per image."""
     problem = make_problem("1x1-stride2")
     x, w, b = random_inputs(problem, seed=4)
-    with convlib.option_context(im2col_workspace_cap=1):
+    with convlib.option_context(workspace_cap=1):
         assert problem.im2col_batch_chunk() == 1
         y = call(problem, x, w, b, "im2col")
     assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[problem.dtype]

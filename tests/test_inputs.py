@@ -89,16 +89,16 @@ def im2col_workspace(problem):
     return registry.implementation("conv2d", "cpu", "im2col").workspace_bytes(problem)
 
 
-def test_im2col_workspace_cap_bounds_the_chunk(rng):
+def test_workspace_cap_bounds_the_chunk(rng):
     x = rng.standard_normal((7, 3, 16, 16)).astype(np.float32)
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
     p = convlib.build_problem(x, w)
     per_image = 3 * 9 * 14 * 14 * 4
-    with convlib.option_context(im2col_workspace_cap=2 * per_image + 1):
+    with convlib.option_context(workspace_cap=2 * per_image + 1):
         assert p.im2col_batch_chunk() == 2
         assert im2col_workspace(p) <= 2 * per_image + 1
         y = convlib.conv2d(x, w, algo="im2col")
-    with convlib.option_context(im2col_workspace_cap=1):
+    with convlib.option_context(workspace_cap=1):
         assert p.im2col_batch_chunk() == 1  # one image at least, never a failure
         y1 = convlib.conv2d(x, w, algo="im2col")
     ref = conv2d_reference(x, w)
@@ -109,6 +109,6 @@ def test_large_batch_runs_in_bounded_memory(rng):
     """The seed thesis' im2col failed past N=56; chunking serves any batch."""
     x = rng.standard_normal((64, 1, 20, 20)).astype(np.float32)
     w = rng.standard_normal((2, 1, 3, 3)).astype(np.float32)
-    with convlib.option_context(im2col_workspace_cap=10_000):
+    with convlib.option_context(workspace_cap=10_000):
         y = convlib.conv2d(x, w, algo="im2col")
     assert relative_error(y, conv2d_reference(x, w)) <= 1e-5

@@ -116,7 +116,7 @@ def test_im2col_chunks_the_batch(mods, gemm, rng, monkeypatch):
 
     monkeypatch.setattr("convlib.sycl.im2col.device_empty", spy)
     per_image = problem.C * problem.R * problem.S * problem.P * problem.Q * 4
-    with option_context(im2col_workspace_cap=2 * per_image):
+    with option_context(workspace_cap=2 * per_image):
         y = run(problem, x, w, b, "im2col", gemm)
     assert_close(y, problem, x, w, b)
     assert (2, problem.C * problem.R * problem.S, problem.P * problem.Q) in shapes  # 2-image chunks

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..core.host_memory import available_memory_bytes
 from ..core.problem import ConvProblem
 from ..dispatch import registry
 from ..dispatch.devices import resolve_device
@@ -69,18 +70,6 @@ class Skipped:
     kind: str
     status: str
     note: str
-
-
-def available_memory_bytes() -> int | None:
-    """``MemAvailable`` of ``/proc/meminfo`` (None where there is no such file)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def memory_shortfall(plan: Plan) -> str | None:

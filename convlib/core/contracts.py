@@ -79,6 +79,11 @@ class Backend:
         """An uninitialised array on the device."""
         raise NotImplementedError
 
+    def memory_available(self, handle, nbytes: int) -> int | None:
+        """Bytes the device behind ``handle`` can still allocate, or None when unknown; asked
+        before a result of ``nbytes`` is allocated (a backend may answer cheaply for small ones)."""
+        raise NotImplementedError
+
     def synchronize(self, handle) -> None:
         """Return once all work submitted to ``handle`` has finished (timing needs it)."""
         raise NotImplementedError

@@ -5,8 +5,8 @@ the kernels (block sizes, work-group sizes, engines) are not options: they are k
 per backend (:mod:`convlib.core.knobs`).
 
 >>> import convlib
->>> convlib.options.im2col_workspace_cap = 64 * 2**20       # bytes
->>> with convlib.option_context(im2col_workspace_cap=16 * 2**20):
+>>> convlib.options.workspace_cap = 64 * 2**20       # bytes
+>>> with convlib.option_context(workspace_cap=16 * 2**20):
 ...     pass                                                # temporarily 16 MiB
 >>> convlib.options.output_cache_bytes = 0                  # no reuse of dropped outputs
 """
@@ -17,8 +17,8 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
-#: Default of ``Options.im2col_workspace_cap``: the cap on im2col's column matrix, in bytes.
-IM2COL_WORKSPACE_CAP = 256 * 2**20
+#: Default of ``Options.workspace_cap``: the temporary memory one call may take, in bytes.
+WORKSPACE_CAP = 256 * 2**20
 #: Default of ``Options.output_cache_bytes``.
 OUTPUT_CACHE_BYTES = 512 * 2**20
 
@@ -43,10 +43,15 @@ class Options:
 
     Attributes
     ----------
-    im2col_workspace_cap : int
-        Upper bound, in bytes, on im2col's column matrix: the batch is processed in chunks of
-        images whose column matrices fit (at least one image per chunk). Default 256 MiB, or the
-        environment variable ``CONVLIB_IM2COL_WORKSPACE_MB`` (MiB) when set at import.
+    workspace_cap : int
+        Upper bound, in bytes, on the temporary memory one call allocates beyond its inputs and
+        its result. im2col cuts the batch into chunks whose column matrices fit; any algorithm
+        whose workspace for the whole problem would not fit runs in pieces -- groups of images,
+        then bands of output rows of one image -- each computed on its own and copied into the
+        result (:mod:`convlib.dispatch.pieces`; a piece's input band and result count against
+        the cap). A piece is at least one output row of one image, so what an algorithm needs
+        whatever the image (e.g. Winograd's transformed filters) is not cut. Default 256 MiB, or
+        the environment variable ``CONVLIB_WORKSPACE_MB`` (MiB) when set at import.
     output_cache_bytes : int
         Bytes of dropped CPU outputs (of at least 32 MiB each) kept for reuse by later calls of
         the same size, which then skip the page faults of fresh memory
@@ -54,19 +59,19 @@ class Options:
         ``CONVLIB_OUTPUT_CACHE_MB`` (MiB) when set at import.
     """
 
-    im2col_workspace_cap: int = IM2COL_WORKSPACE_CAP
+    workspace_cap: int = WORKSPACE_CAP
     output_cache_bytes: int = OUTPUT_CACHE_BYTES
 
     def __setattr__(self, name, value):
-        if name == "im2col_workspace_cap" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"im2col_workspace_cap={value!r} must be a positive int (bytes)")
+        if name == "workspace_cap" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"workspace_cap={value!r} must be a positive int (bytes)")
         if name == "output_cache_bytes" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ValueError(f"output_cache_bytes={value!r} must be a non-negative int (bytes)")
         object.__setattr__(self, name, value)
 
 
 options = Options(
-    im2col_workspace_cap=_env_mib("CONVLIB_IM2COL_WORKSPACE_MB", IM2COL_WORKSPACE_CAP // 2**20),
+    workspace_cap=_env_mib("CONVLIB_WORKSPACE_MB", WORKSPACE_CAP // 2**20),
     output_cache_bytes=_env_mib("CONVLIB_OUTPUT_CACHE_MB", OUTPUT_CACHE_BYTES // 2**20, allow_zero=True),
 )
 

@@ -162,11 +162,11 @@ class ConvProblem:
     def im2col_batch_chunk(self, cap_bytes: int | None = None) -> int:
         """Images per im2col chunk so that one chunk's column matrix fits in ``cap_bytes``.
 
-        ``cap_bytes`` defaults to ``convlib.options.im2col_workspace_cap`` (256 MiB). Always at
+        ``cap_bytes`` defaults to ``convlib.options.workspace_cap`` (256 MiB). Always at
         least 1: a single image whose column matrix exceeds the cap is still served.
         """
         if cap_bytes is None:
-            cap_bytes = options.im2col_workspace_cap
+            cap_bytes = options.workspace_cap
         per_image = self.C * self.R * self.S * self.P * self.Q * self.itemsize
         if per_image == 0 or self.N == 0:
             return max(self.N, 1)

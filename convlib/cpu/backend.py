@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.contracts import Backend
+from ..core.host_memory import host_memory_available
 from .isa import cpu_model, host_isa
 
 
@@ -38,6 +39,9 @@ class CpuBackend(Backend):
 
     def empty(self, shape, dtype, handle):
         return np.empty(shape, dtype=dtype)
+
+    def memory_available(self, handle, nbytes):
+        return host_memory_available(nbytes)
 
     def synchronize(self, handle):
         return None

@@ -7,7 +7,7 @@ multiply it in one batched ``numpy.matmul`` (OpenBLAS SGEMM/DGEMM per (image, gr
 is already the NCHW result chunk ``(nb, groups, K/groups, P*Q)``: no transpose afterwards.
 
 Memory: the column matrix is ``R*S/(stride_h*stride_w)`` times the input, the method's known cost.
-The batch is cut into chunks whose column matrix fits ``convlib.options.im2col_workspace_cap``
+The batch is cut into chunks whose column matrix fits ``convlib.options.workspace_cap``
 (default 256 MiB; at least one image per chunk), so large batches run in bounded memory instead of
 failing (the seed thesis' version failed past N=56 on a 1024^2 image).
 
@@ -31,7 +31,7 @@ def supports(problem: ConvProblem) -> str | None:
 
 def workspace_bytes(problem: ConvProblem, device=None) -> int:
     """Bytes of one batch chunk's column matrix (the chunk sized by
-    ``convlib.options.im2col_workspace_cap``)."""
+    ``convlib.options.workspace_cap``)."""
     p = problem
     return p.im2col_batch_chunk() * p.C * p.R * p.S * p.P * p.Q * p.itemsize
 
@@ -106,7 +106,9 @@ def run(problem: ConvProblem, x: np.ndarray, w: np.ndarray, bias, device=None) -
         fill_columns(x, cols, n0, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1])
         # (nb, G, Cg*R*S, PQ): channels of a group are adjacent in C, so this is a free reshape.
         out = y[n0:n0 + nb].reshape(nb, G, Kg, PQ)
-        np.matmul(filters, cols.reshape(nb, G, p.gemm_k, PQ), out=out)
+        # inf - inf is NaN here as in the definition: not a condition to warn the caller about.
+        with np.errstate(invalid="ignore", over="ignore"):
+            np.matmul(filters, cols.reshape(nb, G, p.gemm_k, PQ), out=out)
     if bias is not None:
         add_bias(y, bias)
     return y

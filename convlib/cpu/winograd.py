@@ -21,6 +21,12 @@ The method (Lavin & Gray 2015; matrices in :mod:`convlib.core.winograd_math`), `
 The transforms live in :mod:`convlib.cpu.winograd_transforms`; this module holds the GEMM, the
 chunking and the call.
 
+Non-finite values: the transforms mix every input of a tile into every output of the tile, so one
+``inf`` or ``NaN`` input would make outputs with a finite receptive field ``NaN``. The output
+transform flags any non-finite output (a vectorised ``v - v != 0`` over values still in cache),
+and the call then recomputes the non-finite outputs by the definition (:mod:`convlib.cpu.exact`):
+the result is non-finite exactly where the definition's is.
+
 Chunks are whole tile rows (or part of one row when a single row is too big), sized so that
 ``V + M`` stays near the ``winograd_chunk_bytes`` knob (or the size of ``U`` when larger)
 whatever N, H and W are: the workspace is ``U`` plus one chunk
@@ -50,6 +56,7 @@ from numba.extending import overload
 from ..core import output_cache
 from ..core.winograd_math import WinogradTile
 from .codegen import PER_ROW, exec_function, render
+from .exact import repair_nonfinite
 from .stack_buffer import stack_array_2d
 from .tables import KNOBS
 from .winograd_transforms import filter_transform_kernel, input_transform_kernel, output_transform_kernel
@@ -276,6 +283,7 @@ class WinogradAlgorithm(WinogradTile):
         V_buffer = _workspace("V", (a2 * problem.C * plan.padded_tiles,), dtype)
         M_buffer = _workspace("M", (a2 * problem.K * plan.padded_tiles,), dtype)
         bias_or_zeros = bias if bias is not None else np.zeros(problem.K, dtype)
+        nonfinite = np.zeros(1, np.int64)
         batched_gemm = batched_gemm_kernel(MR, NR)
         for row0, nrows, tx0, ncols in plan.chunks(problem.N):
             Tpad = -(-nrows * ncols // NR) * NR
@@ -290,7 +298,11 @@ class WinogradAlgorithm(WinogradTile):
             with parallel_chunksize(KNOBS.winograd_gemm_schedule_chunk):
                 batched_gemm(U, V, M, Kg)
             with parallel_chunksize(1):
-                output_transform(M, y, bias_or_zeros, plan.tiles_h, row0, nrows, tx0, ncols, threads)
+                output_transform(M, y, bias_or_zeros, plan.tiles_h, row0, nrows, tx0, ncols, threads, nonfinite)
+        if nonfinite[0]:
+            # An inf or NaN input (or an overflow) spreads over its tiles: recompute the
+            # non-finite outputs by the definition (module cpu/exact.py says why that suffices).
+            repair_nonfinite(problem, x, w, bias, y)
         return y
 
 

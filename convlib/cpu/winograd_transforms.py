@@ -395,12 +395,13 @@ def output_transform_kernel(m: int):
     alpha = m + 2
 
     @njit(parallel=True, cache=True, fastmath={"contract"})
-    def output_transform(M, y, bias, tiles_h, row0, nrows, tx0, ntiles, threads):
+    def output_transform(M, y, bias, tiles_h, row0, nrows, tx0, ntiles, threads, nonfinite):
         """``y[n, k, m*ty + a, m*tx + b] = (A^T M_tile A)[a, b] + bias[k]`` for the chunk's tiles.
 
         M : (alpha**2, K, Tpad)  IN  GEMM results, laid out like ``V`` of the input transform
         y : (N, K, P, Q)         OUT only the (existing) outputs of this chunk's tiles
         bias : (K,)              IN  (zeros when the call has no bias)
+        nonfinite : (1,) int64   OUT set to 1 when an output of the chunk is not finite
         """
         K, P, Q = y.shape[1], y.shape[2], y.shape[3]
         Tpad = M.shape[2]
@@ -422,6 +423,13 @@ def output_transform_kernel(m: int):
                                    rows, i * L, 1, m, nrows * ntiles, zero)
                 # A^T (M A) + bias: along every output column of the chunk.
                 transform_pass("output", m, False, rows, 0, L, 1, out, 0, L, 1, L, bias[k])
+                # v - v is 0 for a finite v and NaN otherwise: one vectorised pass over values
+                # still in cache tells whether this channel needs the exact repair.
+                bad = False
+                for i in range(m * L):
+                    bad |= (out[i] - out[i]) != zero
+                if bad:
+                    nonfinite[0] = 1
                 for r in range(nrows):
                     n, ty = divmod(row0 + r, tiles_h)
                     for a in range(min(m, P - m * ty)):  # the bottom tile row may be cut

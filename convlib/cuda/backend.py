@@ -191,6 +191,12 @@ def device_identity(ordinal: int, simulator: bool) -> str:
 
 
 @functools.cache
+def _total_memory(ordinal: int) -> int:
+    with cuda.gpus[ordinal]:
+        return int(cuda.current_context().get_memory_info()[1])
+
+
+@functools.cache
 def _multiprocessors(ordinal: int, simulator: bool) -> int:
     if simulator:
         return 1
@@ -326,6 +332,13 @@ class CudaBackend(Backend):
     def empty(self, shape, dtype, handle):
         with handle.activate():
             return handle.empty(shape, dtype)
+
+    def memory_available(self, handle, nbytes):
+        # The device's total: what is free depends on the caching allocators of PyTorch and CuPy,
+        # which hand memory back on demand; a result beyond the total can never be allocated.
+        if handle.simulator:
+            return None
+        return _total_memory(handle.ordinal)
 
     def synchronize(self, handle):
         with handle.activate():

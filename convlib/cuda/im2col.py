@@ -152,7 +152,7 @@ def _cupy_stream(cupy, target):
 
 
 def workspace_bytes(problem, device=None) -> int:
-    """One batch chunk's column matrix (chunks sized by ``convlib.options.im2col_workspace_cap``)."""
+    """One batch chunk's column matrix (chunks sized by ``convlib.options.workspace_cap``)."""
     p = problem
     return min(p.im2col_batch_chunk(), MAX_GRID_Y) * p.C * p.R * p.S * p.P * p.Q * p.itemsize
 

@@ -56,6 +56,38 @@ def array_backend(arr) -> str | None:
     return "cpu"  # lists and other array-likes are converted by numpy
 
 
+def is_torch_cpu_tensor(arr) -> bool:
+    """Whether ``arr`` is a PyTorch tensor in host memory (judged without importing torch)."""
+    return (type(arr).__module__.split(".")[0] == "torch" and hasattr(arr, "detach")
+            and getattr(getattr(arr, "device", None), "type", None) == "cpu")
+
+
+def host_array(name: str, arr):
+    """``arr`` as a numpy array when it lives in host memory (lists, objects with ``__array__``,
+    PyTorch CPU tensors, which become views without a copy); device arrays are left as they are.
+
+    Raises ``TypeError`` naming ``name`` when ``arr`` cannot be read as an array.
+    """
+    if arr is None or isinstance(arr, np.ndarray) or array_backend(arr) != "cpu":
+        return arr
+    if is_torch_cpu_tensor(arr):
+        return arr.detach().numpy()  # shares the tensor's memory; nothing is written to it
+    try:
+        return np.asarray(arr)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise TypeError(f"{name} of type {type(arr).__name__} cannot be read as an array: {exc}") from None
+
+
+def result_kind(y, like):
+    """The result in the kind of the user's ``like``, for host kinds the backend does not know:
+    a numpy result for a PyTorch CPU tensor becomes a PyTorch tensor over the same memory."""
+    if isinstance(y, np.ndarray) and is_torch_cpu_tensor(like):
+        import torch
+
+        return torch.from_numpy(y)
+    return y
+
+
 def _spec_backend(spec) -> str:
     if isinstance(spec, str):
         s = spec.strip().lower()

@@ -12,9 +12,14 @@ what runs when a user calls the library is exactly what is measured, and the ste
                           that can) and its implementation
 :meth:`Plan.prepare`      the arrays on the device, contiguous, in the problem's dtype (copies
                           only where needed; inputs are never modified)
-:meth:`Plan.execute`      the implementation on prepared arrays; the result stays on the device
+:meth:`Plan.execute`      the implementation on prepared arrays; the result stays on the device.
+                          Before any work, a result larger than the device's free memory is a
+                          ``MemoryError``; a problem whose workspace would pass
+                          ``convlib.options.workspace_cap`` runs in pieces
+                          (:mod:`convlib.dispatch.pieces`)
 :meth:`Plan.run`          prepare, execute, and hand the result back in the kind of the first
-                          array (numpy in, numpy out; dpnp in, dpnp out; ...)
+                          array (numpy in, numpy out; dpnp in, dpnp out; a PyTorch tensor in, a
+                          PyTorch tensor out; other host array-likes: numpy)
 :meth:`Plan.timed_call`   what every timing measures: one execution on prepared arrays, then a
                           synchronisation of the device (copies in and out are not timed)
 ========================  =======================================================================
@@ -25,9 +30,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
+from ..core.options import options
 from ..core.problem import ConvProblem
 from . import registry
-from .devices import ResolvedDevice, resolve_device
+from .devices import ResolvedDevice, resolve_device, result_kind
+from .pieces import conv2d_pieces
 from .select import choose
 
 
@@ -74,15 +83,46 @@ class Plan:
         return tuple(None if a is None else backend.prepare(a, dtype, handle) for a in arrays)
 
     def execute(self, *device_arrays):
-        """The result of the operation on prepared arrays, on the device (maybe still computing)."""
-        if self.problem.N == 0:  # an empty batch has an empty result; no kernel runs
-            return self.target.backend.empty(self.problem.output_shape, self.problem.dtype, self.target.handle)
-        return self.implementation.run(self.problem, *device_arrays, self.target.handle)
+        """The result of the operation on prepared arrays, on the device (maybe still computing).
 
-    def run(self, *arrays):
-        """Prepare, execute, and return the result in the kind of ``arrays[0]``."""
+        Raises
+        ------
+        MemoryError
+            Before any work, when the result cannot fit in the device's free memory.
+        """
+        problem, backend, handle = self.problem, self.target.backend, self.target.handle
+        if problem.N == 0:  # an empty batch has an empty result; no kernel runs
+            return backend.empty(problem.output_shape, problem.dtype, handle)
+        check_result_fits(self.operation, problem, self.target)
+        pieces = conv2d_pieces(problem, lambda p: self.implementation.workspace_bytes(p, handle),
+                               options.workspace_cap)
+        if pieces is None:
+            return self.implementation.run(problem, *device_arrays, handle)
+        return self._execute_in_pieces(pieces, *device_arrays)
+
+    def _execute_in_pieces(self, pieces, x, w, bias):
+        y = self.target.backend.empty(self.problem.output_shape, self.problem.dtype, self.target.handle)
+        for piece in pieces:
+            y[piece.n0:piece.n1, :, piece.p0:piece.p1] = self._run_piece(piece, x, w, bias)
+        return y
+
+    def _run_piece(self, piece, x, w, bias):
+        """One piece's result (its input band is freed on return, before the next is copied)."""
+        backend, handle, dtype = self.target.backend, self.target.handle, self.problem.dtype
+        if not piece.banded:
+            part = x[piece.n0:piece.n1]
+        elif piece.h1 > piece.h0:
+            part = backend.prepare(x[piece.n0:piece.n1, :, piece.h0:piece.h1], dtype, handle)
+        else:  # the band reads only padding: a zero image of its height
+            part = backend.prepare(np.zeros(piece.problem.x_shape, dtype), dtype, handle)
+        return self.implementation.run(piece.problem, part, w, bias, handle)
+
+    def run(self, *arrays, like=None):
+        """Prepare, execute, and return the result in the kind of ``like`` (the user's first
+        array before it was read as numpy; default ``arrays[0]``)."""
         out = self.execute(*self.prepare(*arrays))
-        return self.target.backend.finish(out, arrays[0], self.target.handle)
+        out = self.target.backend.finish(out, arrays[0], self.target.handle)
+        return result_kind(out, arrays[0] if like is None else like)
 
     def timed_call(self, *device_arrays) -> Callable[[], Any]:
         """A zero-argument callable for :func:`convlib.core.timing.time_interleaved`: one
@@ -103,6 +143,29 @@ class Plan:
     def describe(self) -> str:
         """One line: operation, algorithm, device and problem."""
         return f"{self.operation} {self.algorithm} on {self.target.name}: {self.problem.describe()}"
+
+
+def _human(nbytes: int) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{nbytes} bytes"
+
+
+def check_result_fits(operation: str, problem: ConvProblem, target: ResolvedDevice) -> None:
+    """A ``MemoryError`` naming the result's shape and bytes when it cannot fit in the memory the
+    device has free (:meth:`~convlib.core.contracts.Backend.memory_available`)."""
+    shape = problem.output_shape
+    nbytes = problem.itemsize
+    for extent in shape:
+        nbytes *= extent
+    available = target.backend.memory_available(target.handle, nbytes)
+    if available is not None and nbytes > available:
+        raise MemoryError(
+            f"the result of {operation}, shape {shape} {problem.dtype}, needs {_human(nbytes)}: more than "
+            f"the {_human(available)} of memory free on {target.name}; compute fewer images (or a smaller "
+            f"image, or less padding) per call"
+        )
 
 
 def plan_for(operation: str, problem: ConvProblem, target: ResolvedDevice, algo: str = "auto") -> Plan:

@@ -27,6 +27,7 @@ import os
 import numpy as np
 
 from ..core.contracts import Backend
+from ..core.host_memory import host_memory_available
 from . import memory, runtime
 
 
@@ -173,6 +174,12 @@ class SyclBackend(Backend):
 
     def empty(self, shape, dtype, handle):
         return self._mods().dpt.empty(shape, dtype=dtype, sycl_queue=handle)
+
+    def memory_available(self, handle, nbytes):
+        device = handle.sycl_device
+        if device.is_cpu:  # USM on a CPU device is host memory
+            return host_memory_available(nbytes)
+        return int(device.global_mem_size)  # dpctl tells the total only
 
     def synchronize(self, handle):
         handle.wait()

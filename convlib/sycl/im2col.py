@@ -16,7 +16,7 @@ The GEMM is the ``im2col_gemm`` knob of :data:`convlib.sycl.tables.KNOBS`
     column matrix), each keeps ``gemm_mb`` output channels in registers; bias in the epilogue.
 
 Workspace: the column matrix is ``R*S/(stride_h*stride_w)`` times the input; the batch is cut
-into chunks whose column matrix fits ``convlib.options.im2col_workspace_cap`` (at least one image),
+into chunks whose column matrix fits ``convlib.options.workspace_cap`` (at least one image),
 as on the CPU. A padded input adds one zero-padded copy of ``x``.
 
 Compile cost (first launch in a process, 0.2-1 s each, no on-disk cache): the column kernel per

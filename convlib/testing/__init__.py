@@ -77,6 +77,35 @@ def conv2d_reference_for(problem, x, w, bias=None, dtype=np.float64):
     )
 
 
+def conv2d_reference_nonfinite(x, w, bias=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+                               groups=1):
+    """The definition's answer when ``x`` holds ``inf`` or ``NaN`` (``w`` and ``bias`` finite).
+
+    An output whose window holds no non-finite input is the finite convolution (computed with
+    those inputs zeroed, which no such output reads). Otherwise the sum decides: ``NaN`` when a
+    term is ``NaN`` (a ``NaN`` input, or an infinite one times a zero weight) or when ``+inf`` and
+    ``-inf`` terms meet; else the sign of the infinite terms. The classes are counted by
+    correlating indicator arrays, so no ``inf`` or ``NaN`` ever enters scipy (whose FFT path would
+    spread them).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    w = np.asarray(w, dtype=np.float64)
+    geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+    def count(indicator, weights):
+        return conv2d_reference(indicator.astype(np.float64), weights.astype(np.float64), **geometry) > 0.5
+
+    pos, neg, nan = x == np.inf, x == -np.inf, np.isnan(x)
+    plus = count(pos, w > 0) | count(neg, w < 0)
+    minus = count(pos, w < 0) | count(neg, w > 0)
+    nan_terms = count(nan, np.ones_like(w)) | count(pos | neg, w == 0)
+    y = conv2d_reference(np.where(np.isfinite(x), x, 0.0), w, bias, **geometry)
+    y[plus] = np.inf
+    y[minus] = -np.inf
+    y[nan_terms | (plus & minus)] = np.nan
+    return y
+
+
 def relative_error(y, ref) -> float:
     """Relative Frobenius error ``||y - ref|| / ||ref||`` (absolute when ``ref`` is zero).
 
