@@ -40,6 +40,10 @@ from .pieces import conv2d_pieces
 from .select import choose
 
 
+#: How each operation is cut into pieces under the workspace cap (:mod:`convlib.dispatch.pieces`).
+SPLITTERS = {"conv2d": conv2d_pieces}
+
+
 @dataclass(frozen=True)
 class Plan:
     """One resolved call (see the module docstring).
@@ -94,8 +98,8 @@ class Plan:
         if problem.N == 0:  # an empty batch has an empty result; no kernel runs
             return backend.empty(problem.output_shape, problem.dtype, handle)
         check_result_fits(self.operation, problem, self.target)
-        pieces = conv2d_pieces(problem, lambda p: self.implementation.workspace_bytes(p, handle),
-                               options.workspace_cap)
+        pieces = SPLITTERS[self.operation](problem, lambda p: self.implementation.workspace_bytes(p, handle),
+                                           options.workspace_cap)
         if pieces is None:
             return self.implementation.run(problem, *device_arrays, handle)
         return self._execute_in_pieces(pieces, *device_arrays)
