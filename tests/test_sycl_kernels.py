@@ -116,7 +116,8 @@ def test_im2col_chunks_the_batch(mods, gemm, rng, monkeypatch):
 
     monkeypatch.setattr("convlib.sycl.im2col.device_empty", spy)
     per_image = problem.C * problem.R * problem.S * problem.P * problem.Q * 4
-    with option_context(workspace_cap=2 * per_image):
+    padded_copy = problem.N * problem.C * (problem.H + 2) * (problem.W + 2) * 4
+    with option_context(workspace_cap=2 * per_image + padded_copy):
         y = run(problem, x, w, b, "im2col", gemm)
     assert_close(y, problem, x, w, b)
     assert (2, problem.C * problem.R * problem.S, problem.P * problem.Q) in shapes  # 2-image chunks

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 
+from ..core.options import options
 from ..core.problem import ConvProblem
 from . import runtime
 from .launch import element_type, fused_multiply_add, launch, register_block
@@ -40,10 +41,16 @@ def supports(problem: ConvProblem) -> str | None:
     return None
 
 
+def batch_chunk(problem: ConvProblem) -> int:
+    """Images per chunk: their column matrices fit what the workspace cap leaves beside the
+    zero-padded copy of ``x`` (at least one image)."""
+    return problem.im2col_batch_chunk(max(1, options.workspace_cap - padded_input_bytes(problem)))
+
+
 def workspace_bytes(problem: ConvProblem, device=None) -> int:
     """One batch chunk's column matrix plus the zero-padded copy of ``x`` (when padded)."""
     p = problem
-    columns = p.im2col_batch_chunk() * p.C * p.R * p.S * p.P * p.Q * p.itemsize
+    columns = batch_chunk(p) * p.C * p.R * p.S * p.P * p.Q * p.itemsize
     return columns + padded_input_bytes(p)
 
 
@@ -152,7 +159,7 @@ def run(problem: ConvProblem, x, w, bias, device):
     x_padded = zero_padded_input(p, x)
     filters = dpt.reshape(w, (p.K, Kgemm))
     y3 = dpt.reshape(y, (p.N, p.K, PQ))
-    chunk = p.im2col_batch_chunk()
+    chunk = batch_chunk(p)
     rows = p.C * p.R * p.S
     cols_buf = device_empty((chunk, rows, PQ), p.dtype, device)
     fill = column_kernel()
