@@ -83,12 +83,13 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
     groups : int, default 1
         Split channels into ``groups`` independent convolutions; must divide C and K.
         ``groups == C == K`` is a depthwise convolution.
-    algo : {"auto", "direct", "im2col", "blis", "winograd", "winograd2", "winograd4"}
+    algo : {"auto", "direct", "im2col", "blis", "winograd", "winograd2", "winograd4", "depthwise"}
         ``"direct"``: the definition, register-blocked over output channels and vectorised along
         the output width. ``"im2col"``: an explicit column matrix per batch chunk, then BLAS GEMM.
         ``"blis"``: a five-loop BLIS GEMM whose B panels are packed straight from the image (no
         column matrix; workspace independent of N, H, W). ``"winograd"`` (= ``"winograd4"``,
         F(4x4,3x3)) and ``"winograd2"`` (F(2x2,3x3)): 3x3, stride 1, dilation 1 only.
+        ``"depthwise"`` (CPU): ``groups == C``, each plane streamed once, no padded copy.
         ``"auto"``: what :func:`choose_algorithm` picks.
     device : None or str or dpctl.SyclDevice or dpctl.SyclQueue
         None follows the data; ``"cpu"``; ``"sycl"`` or a dpctl filter string; ``"cuda"``/``"cuda:N"``.
@@ -157,17 +158,19 @@ def choose_algorithm(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups
     1. Only algorithms that can serve the problem are candidates (Winograd needs 3x3, stride 1,
        dilation 1).
     2. A winner measured earlier for this problem and device (``measure=True``) is used.
-    3. Thin GEMMs (reduction ``C/groups * R * S < 32`` or fewer than 16 output channels per
-       group, e.g. the seed thesis' C=K=4 images or depthwise layers) go to ``direct``: they are
-       bound by memory traffic and direct convolution reads the image once and writes the output
-       once.
-    4. On the CPU, 3x3 stride-1 layers with at least 32 input and output channels per group and at
+    3. On the CPU, depthwise layers (``groups == C``, any channel multiplier) go to ``depthwise``,
+       which streams each input plane once per output channel it feeds.
+    4. Thin GEMMs (reduction ``C/groups * R * S < 32`` or fewer than 16 output channels per
+       group, e.g. the seed thesis' C=K=4 images) go to ``direct``: they are bound by memory
+       traffic and direct convolution reads the image once and writes the output once.
+    5. On the CPU, 3x3 stride-1 layers with at least 32 input and output channels per group and at
        least 256 output pixels go to Winograd F(4x4,3x3), which measured 1.3-2x faster than the
        best GEMM-based algorithm on ResNet-50's 3x3 layers. On SYCL devices the same layers go to
        F(4x4,3x3) from 28x28 outputs up and to F(2x2,3x3) below.
-    5. On the CPU, other layers with at most 256 output channels per group and a reduction
-       ``C/groups * R * S <= 512`` go to ``direct`` (ResNet's stem and most 1x1 layers).
-    6. Otherwise the GEMM-based algorithm that measured fastest on the backend: ``blis`` on the
+    6. On the CPU, layers other than pointwise ones (1x1, stride 1, unpadded: ``blis``, whose
+       packing is then a plain copy) with at most 256 output channels per group and a reduction
+       ``C/groups * R * S <= 512`` go to ``direct`` (ResNet's stem).
+    7. Otherwise the GEMM-based algorithm that measured fastest on the backend: ``blis`` on the
        CPU, ``im2col`` on SYCL devices, ``blis`` (implicit GEMM) on CUDA GPUs, where ``direct`` is
        kept for depthwise layers and for ``C/groups <= 16`` with ``K/groups <= 32``.
     """

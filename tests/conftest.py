@@ -36,6 +36,15 @@ def random_arrays(rng, problem, *, with_bias=None):
     return x, w, b
 
 
+def groups_for(backend: str, algo: str, C: int) -> int:
+    """1, or ``C`` for an algorithm that serves only depthwise convolutions: tests that run every
+    pair on an ordinary problem run such an algorithm on the problem's depthwise form."""
+    from convlib.core.problem import ConvProblem
+
+    probe = ConvProblem(1, C, 8, 8, C, 3, 3, padding=(1, 1, 1, 1))
+    return 1 if registry.unsupported_reason("conv2d", backend, algo, probe) is None else C
+
+
 def all_pairs():
     return [pytest.param(b, a, id=f"{b}-{a}") for _, b, a in registry.entries("conv2d")]
 

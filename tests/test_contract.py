@@ -15,7 +15,7 @@ import convlib
 from convlib.dispatch import registry
 from convlib.core.problem import ConvProblem
 
-from .conftest import all_pairs, device_for, random_arrays
+from .conftest import all_pairs, device_for, groups_for, random_arrays
 from convlib.testing import TOLERANCE, conv2d_reference_for, relative_error
 
 # (N, C, H, W, K, R, S, stride, padding (top, bottom, left, right), dilation, groups, bias)
@@ -69,27 +69,32 @@ def test_matches_reference(backend, algo, case, dtype, rng):
 
 @pytest.mark.parametrize("backend, algo", all_pairs())
 def test_empty_batch(backend, algo):
+    groups = groups_for(backend, algo, 4)
     x = np.zeros((0, 4, 6, 6), np.float32)
-    w = np.ones((2, 4, 3, 3), np.float32)
-    y = convlib.conv2d(x, w, algo=algo, device=device_for(backend))
-    assert y.shape == (0, 2, 4, 4) and y.dtype == np.float32
+    w = np.ones((2 if groups == 1 else 4, 4 // groups, 3, 3), np.float32)
+    y = convlib.conv2d(x, w, groups=groups, algo=algo, device=device_for(backend))
+    assert y.shape == (0, w.shape[0], 4, 4) and y.dtype == np.float32
 
 
 @pytest.mark.parametrize("backend, algo", all_pairs())
 def test_nan_and_inf_propagate(backend, algo):
+    groups = groups_for(backend, algo, 2)
     x = np.ones((1, 2, 8, 8), np.float64)
     x[0, 0, 1, 1] = np.nan
     x[0, 1, 6, 6] = np.inf
-    w = np.ones((3, 2, 3, 3), np.float64)
-    y = convlib.conv2d(x, w, algo=algo, device=device_for(backend))
-    expected_nan = np.zeros((6, 6), bool)
-    expected_nan[0:2, 0:2] = True
+    w = np.ones((3 if groups == 1 else 2, 2 // groups, 3, 3), np.float64)
+    y = convlib.conv2d(x, w, groups=groups, algo=algo, device=device_for(backend))
     # Exactly the outputs whose window holds the NaN are NaN, and those whose window holds the
-    # inf are inf, under every algorithm (Winograd repairs what its transforms spread).
-    nan = np.isnan(y[0])
-    assert nan[:, 0:2, 0:2].all()
-    assert np.isinf(y[0, :, 4:6, 4:6]).all()
-    assert (nan == expected_nan).all()
-    finite = ~expected_nan
-    finite[4:6, 4:6] = False
-    assert np.isfinite(y[0][:, finite]).all()
+    # inf are inf, under every algorithm (Winograd repairs what its transforms spread). A
+    # depthwise output channel sees only its own input channel.
+    nan_window = np.zeros((6, 6), bool)
+    nan_window[0:2, 0:2] = True
+    inf_window = np.zeros((6, 6), bool)
+    inf_window[4:6, 4:6] = True
+    for k in range(w.shape[0]):
+        sees_nan = groups == 1 or k == 0
+        sees_inf = groups == 1 or k == 1
+        expected_nan = nan_window if sees_nan else np.zeros_like(nan_window)
+        expected_inf = (inf_window & ~expected_nan) if sees_inf else np.zeros_like(inf_window)
+        np.testing.assert_array_equal(np.isnan(y[0, k]), expected_nan)
+        np.testing.assert_array_equal(np.isinf(y[0, k]), expected_inf)

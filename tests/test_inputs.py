@@ -8,26 +8,30 @@ import pytest
 import convlib
 from convlib.core.problem import ConvProblem
 
-from .conftest import all_pairs, device_for
+from .conftest import all_pairs, device_for, groups_for
 from convlib.testing import TOLERANCE, conv2d_reference, relative_error
 
 
-def _arrays(rng, dtype="float32"):
+def _arrays(rng, dtype="float32", groups=1):
+    """5 filters of 4 channels; for a depthwise-only algorithm (``groups=4``), 4 of 1."""
+    K = 5 if groups == 1 else 4
     x = rng.standard_normal((2, 4, 10, 9)).astype(dtype)
-    w = rng.standard_normal((5, 4, 3, 3)).astype(dtype)
-    b = rng.standard_normal(5).astype(dtype)
+    w = rng.standard_normal((K, 4 // groups, 3, 3)).astype(dtype)
+    b = rng.standard_normal(K).astype(dtype)
     return x, w, b
 
 
-def _check(y, x, w, b, padding=1):
-    ref = conv2d_reference(x, w, b, padding=(padding,) * 4)
+def _check(y, x, w, b, padding=1, groups=1):
+    ref = conv2d_reference(x, w, b, padding=(padding,) * 4, groups=groups)
     assert relative_error(y, ref) <= TOLERANCE[y.dtype.name]
 
 
 @pytest.mark.parametrize("backend, algo", all_pairs())
 def test_inputs_unchanged_and_layouts(backend, algo, rng):
     device = device_for(backend)
-    x, w, b = _arrays(rng)
+    groups = groups_for(backend, algo, 4)
+    x, w, b = _arrays(rng, groups=groups)
+    K = w.shape[0]
     # Fortran order, a strided view, a transposed view and read-only arrays, all at once.
     x_f = np.asfortranarray(x)
     big = np.zeros((2, 8, 10, 18), np.float32)
@@ -38,15 +42,16 @@ def test_inputs_unchanged_and_layouts(backend, algo, rng):
     b_ro.flags.writeable = False
     for xin in (x_f, x_view):
         before = (xin.copy(), w_t.copy(), b_ro.copy())
-        y = convlib.conv2d(xin, w_t, b_ro, padding=1, algo=algo, device=device)
-        _check(y, x, w, b)
+        y = convlib.conv2d(xin, w_t, b_ro, padding=1, groups=groups, algo=algo, device=device)
+        _check(y, x, w, b, groups=groups)
         np.testing.assert_array_equal(xin, before[0])
         np.testing.assert_array_equal(w_t, before[1])
         np.testing.assert_array_equal(b_ro, before[2])
     x_ro = x.copy()
     x_ro.flags.writeable = False
-    y = convlib.conv2d(x_ro, w, b, padding=1, algo=algo, device=device)
-    _check(y, x, w, b)
+    y = convlib.conv2d(x_ro, w, b, padding=1, groups=groups, algo=algo, device=device)
+    _check(y, x, w, b, groups=groups)
+    assert y.shape[1] == K
 
 
 def test_array_likes_become_numpy(rng):

@@ -175,6 +175,9 @@ KNOBS = KnobTable("cpu", [
          "read: about half of a 1 MB L2, leaving the rest to the weights streaming past"),
     Knob("direct_serial_below_flops", 10_000_000, "direct problems with fewer FLOPs (~0.2 ms on one core) "
          "run on one thread: waking the others costs more than it saves"),
+    # -- depthwise -------------------------------------------------------------------------
+    Knob("depthwise_band_bytes", 32 * 1024, "bytes of a depthwise band's gathered input (its phase planes): "
+         "about an L1 data cache, so the R*S shifted runs of every tap are read from L1"),
     # -- winograd --------------------------------------------------------------------------
     Knob("winograd_chunk_bytes", 4 * 2**20, "target bytes of one chunk's transformed input plus GEMM output "
          "(V + M): a few MB, so both stay in the last-level cache between the three passes"),

@@ -19,7 +19,7 @@ OPERATIONS = ("conv2d",)
 
 #: Algorithm names in the order they are listed to users. ``winograd`` is F(4x4,3x3);
 #: ``winograd2`` and ``winograd4`` name the two tile sizes explicitly.
-ALGORITHM_NAMES = ("direct", "im2col", "blis", "winograd", "winograd2", "winograd4")
+ALGORITHM_NAMES = ("direct", "im2col", "blis", "winograd", "winograd2", "winograd4", "depthwise")
 
 BACKENDS = ("cpu", "sycl", "cuda")
 
@@ -30,6 +30,7 @@ _IMPLEMENTATIONS: dict[tuple[str, str, str], str] = {
     ("conv2d", "cpu", "winograd"): "convlib.cpu.winograd:F4",
     ("conv2d", "cpu", "winograd2"): "convlib.cpu.winograd:F2",
     ("conv2d", "cpu", "winograd4"): "convlib.cpu.winograd:F4",
+    ("conv2d", "cpu", "depthwise"): "convlib.cpu.depthwise",
     ("conv2d", "sycl", "direct"): "convlib.sycl.direct",
     ("conv2d", "sycl", "im2col"): "convlib.sycl.im2col",
     ("conv2d", "sycl", "blis"): "convlib.sycl.blis",

@@ -58,6 +58,8 @@ def _is_pointwise(problem: ConvProblem) -> bool:
 
 
 def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
+    if problem.groups == problem.C:
+        return [("depthwise", "depthwise: one input channel per output plane, streamed once (memory-bound)")]
     if _is_thin(problem):
         return [("direct", f"thin GEMM (M={problem.gemm_m}, K={problem.gemm_k}): memory-bound, "
                            "direct streams the image once")]
