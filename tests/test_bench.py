@@ -47,6 +47,58 @@ def test_seed_suites():
         suites.build("custom")
 
 
+def test_mobilenet_and_filters_suites():
+    mobilenet = suites.mobilenet(batch=1)
+    depthwise = [c for c in mobilenet if c.label.startswith("dw ")]
+    pointwise = [c for c in mobilenet if c.label.startswith("pw ")]
+    assert len(depthwise) + len(pointwise) == len(mobilenet)
+    assert all(c.problem.groups == c.problem.C == c.problem.K and c.problem.R == 3 for c in depthwise)
+    assert all(c.problem.groups == 1 and c.problem.R == 1 for c in pointwise)
+    # torchvision's mobilenet_v2: 17 blocks, each a depthwise 3x3 and a projection, 16 of them with
+    # an expansion (the first widens by 1, so has none), then the last 1x1 layer.
+    assert sum(c.weight for c in depthwise) == 17
+    assert sum(c.weight for c in pointwise) == 16 + 17 + 1
+    assert {c.label for c in suites.mobilenet(quick=True)} == set(suites.MOBILENET_QUICK)
+    filters = suites.filters()
+    assert all((c.problem.N, c.problem.C, c.problem.K) == (1, 1, 1) for c in filters)
+    assert all((c.problem.P, c.problem.Q) == (-(-c.problem.H // c.problem.stride[0]),) * 2 for c in filters)
+
+
+@pytest.mark.parametrize("C, K, groups, stride, padding, dilation, bias", [
+    (1, 1, 1, 1, 1, 1, False),      # 'same': filter2D's own zero border
+    (1, 1, 1, 2, 1, 1, True),       # strided: every other output
+    (1, 1, 1, 1, (0, 2, 1, 0), 1, False),  # asymmetric padding: explicit border, corner anchor
+    (3, 3, 3, 2, 2, 2, True),       # per-channel, dilated
+])
+def test_opencv_baseline_matches_the_reference(C, K, groups, stride, padding, dilation, bias):
+    pytest.importorskip("cv2")
+    from convlib.bench.candidates import baseline_candidates
+    from convlib.core.problem import make_problem
+
+    dt = np.dtype("float32")
+    problem = make_problem((2, C, 13, 11), (K, C // groups, 3, 3), (K,) if bias else None, dt, dt,
+                           dt if bias else None, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(problem.x_shape).astype(dt)
+    w = rng.standard_normal(problem.w_shape).astype(dt)
+    b = rng.standard_normal(K).astype(dt) if bias else None
+    [candidate] = baseline_candidates(problem, ["opencv"], x, w, b)
+    y = candidate.call()
+    ref = testing.conv2d_reference_for(problem, x, w, b, "float64")
+    assert y.shape == ref.shape
+    assert testing.relative_error(y, ref) <= testing.TOLERANCE["float32"]
+
+
+def test_opencv_baseline_skips_what_filter2d_cannot_express():
+    from convlib.bench.candidates import baseline_candidates
+
+    problem = ConvProblem(1, 2, 8, 8, 3, 3, 3)
+    x = np.zeros(problem.x_shape, np.float32)
+    w = np.zeros(problem.w_shape, np.float32)
+    [skipped] = baseline_candidates(problem, ["opencv"], x, w, None)
+    assert skipped.status == "unsupported" and "C == K == 1" in skipped.note
+
+
 def test_time_interleaved_round_robin_budget_and_errors():
     order = []
 

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from . import suites
+from .candidates import BASELINES
 
 DEFAULT_OUT = "bench-results"
 
@@ -83,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("suite", nargs="?", choices=suites.SUITES,
                    help="seed-batch: N=8..80, C=K=4, 1024^2, 3x3; seed-size: N=8, C=K=4, H=W=64..4096, 3x3; "
-                        "resnet50: the distinct conv layers of ResNet-50 v1.5; custom: --shape")
+                        "resnet50: the distinct conv layers of ResNet-50 v1.5; mobilenet: the distinct depthwise "
+                        "(dw) and pointwise (pw) layers of MobileNetV2; filters: single-channel 3x3-7x7 filters "
+                        "on 2048^2-8192^2 images; custom: --shape")
     g = p.add_argument_group("what to time")
     g.add_argument("--device", action="append", metavar="DEV",
                    help="device(s) for convlib: cpu (default), a SYCL filter string, cuda:0, or 'all' "
@@ -91,13 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--algo", action="append", metavar="ALGO",
                    help="algorithm(s), e.g. direct,blis,auto (default: every algorithm of the device, "
                         "aliases once, plus auto)")
-    g.add_argument("--baseline", default="torch", metavar="LIST",
-                   help="comma-separated baselines: torch, scipy, or none (default: torch)")
+    g.add_argument("--baseline", default=None, metavar="LIST",
+                   help="comma-separated baselines: torch, opencv (cv2.filter2D, for one-channel and per-channel "
+                        "filters), scipy, or none (default: opencv,torch for the filters suite, torch otherwise)")
     g.add_argument("--dtype", default="float32", choices=("float32", "float64"))
-    g.add_argument("--batch", type=int, default=8, help="resnet50's batch size (default 8)")
+    g.add_argument("--batch", type=int, default=8, help="the batch size of resnet50 and mobilenet (default 8)")
     g.add_argument("--quick", action="store_true",
                    help="a few cases per suite and 3 repeats unless --repeats says otherwise (smoke runs)")
     g.add_argument("--limit", type=_limit, metavar="N|A:B", help="keep the first N cases, or cases A..B-1")
+    g.add_argument("--match", metavar="TEXT", help="keep the cases whose label contains TEXT (e.g. 'dw ')")
     g = p.add_argument_group("custom shapes")
     g.add_argument("--shape", type=_shape, action="append", metavar="N,C,H,W,K,R,S", help="repeatable")
     g.add_argument("--stride", type=_pair("--stride"), default=1, metavar="S|SH,SW")
@@ -147,6 +152,12 @@ def _set_threads(requested: int | None) -> int:
         torch.set_num_threads(threads)
     except ImportError:
         pass
+    try:
+        import cv2
+
+        cv2.setNumThreads(threads)
+    except ImportError:
+        pass
     return threads
 
 
@@ -187,20 +198,24 @@ def main(argv=None) -> int:
     repeats = args.repeats if args.repeats is not None else (3 if args.quick else 5)
     if repeats < 1 or args.warmup < 0:
         build_parser().error("--repeats must be >= 1 and --warmup >= 0")
+    if args.baseline is None:
+        args.baseline = "opencv,torch" if args.suite == "filters" else "torch"
     baselines = [] if args.baseline.strip() == "none" else _names([args.baseline])
     for b in baselines:
-        if b not in ("torch", "scipy"):
-            build_parser().error(f"--baseline {b!r}: known baselines are torch, scipy, none")
+        if b not in BASELINES:
+            build_parser().error(f"--baseline {b!r}: known baselines are {', '.join(BASELINES)}, none")
     try:
         cases = suites.build(args.suite, dtype=args.dtype, quick=args.quick, batch=args.batch, shapes=args.shape or (),
                              stride=args.stride, padding=args.padding, dilation=args.dilation, groups=args.groups,
                              bias=args.bias)
     except (TypeError, ValueError) as exc:
         build_parser().error(str(exc))
+    if args.match is not None:
+        cases = [c for c in cases if args.match in c.label]
     if args.limit is not None:
         cases = cases[args.limit]
     if not cases:
-        build_parser().error("--limit leaves no case to run")
+        build_parser().error("--match and --limit leave no case to run")
 
     # Heavy imports only once the arguments are known to be good.
     import convlib
@@ -241,7 +256,7 @@ def main(argv=None) -> int:
     stem = args.out / f"{args.suite}{'-' + args.tag if args.tag else ''}-{stamp}"
     config = {
         "suite": args.suite, "cases": [c.label for c in cases], "devices": devices, "algorithms": per_device,
-        "baselines": baselines, "dtype": args.dtype, "batch": args.batch if args.suite == "resnet50" else None,
+        "baselines": baselines, "dtype": args.dtype, "batch": args.batch if args.suite in ("resnet50", "mobilenet") else None,
         "repeats": repeats, "warmup": args.warmup, "threads": threads, "max_seconds": args.max_seconds,
         "scipy_max_seconds": args.scipy_max_seconds, "gap_ms": args.gap_ms, "check": not args.no_check,
         "seed": args.seed, "quick": args.quick,

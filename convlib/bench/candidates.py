@@ -1,5 +1,5 @@
 """What one benchmark shape times: convlib's algorithms as :class:`~convlib.dispatch.plan.Plan`
-objects on each device, and the baselines (PyTorch, scipy).
+objects on each device, and the baselines (PyTorch, OpenCV, scipy).
 
 A convlib candidate's call is :meth:`Plan.timed_call`: the inputs are put on the device once, here,
 and each timed call runs the plan and synchronises the device, exactly what
@@ -26,6 +26,9 @@ from ..testing import conv2d_reference_for
 #: the memory available (Winograd's workspace on the 4096^2 seed shape is ~10-17 GB): an out-of-
 #: memory kill would end the whole run, and hurt whoever else uses the machine.
 MEMORY_HEADROOM = 0.8
+
+#: The baselines a run can time beside convlib, all on the CPU.
+BASELINES = ("torch", "opencv", "scipy")
 
 
 @dataclass
@@ -159,6 +162,56 @@ def torch_conv(problem: ConvProblem, x, w, bias, dtype=None) -> Callable[[], Any
     return call
 
 
+def opencv_unsupported(problem: ConvProblem) -> str | None:
+    """Why ``cv2.filter2D`` cannot compute ``problem``, or None.
+
+    filter2D correlates one channel with one kernel: it serves ``C == K == 1`` and per-channel
+    filters (``groups == C == K``), one plane at a time.
+    """
+    if not (problem.C == problem.K == 1 or problem.groups == problem.C == problem.K):
+        return (f"cv2.filter2D filters one channel with one kernel: needs C == K == 1 or groups == C == K, "
+                f"got C={problem.C}, K={problem.K}, groups={problem.groups}")
+    return None
+
+
+def opencv_filter(problem: ConvProblem, x, w, bias) -> Callable[[], Any]:
+    """``cv2.filter2D`` over every plane of ``x``, as an OpenCV user writes it.
+
+    With ``padding = R // 2`` on odd filters (the output keeps the image's size) filter2D pads by
+    itself (``BORDER_CONSTANT``, zeros); other padding is an explicit ``copyMakeBorder`` and the kernel
+    is anchored at its corner. A stride keeps every ``stride``-th output (a view); a dilation spreads
+    the kernel with zeros. The bias is added afterwards.
+    """
+    import cv2
+
+    dh, dw = problem.dilation
+    kernels = np.zeros((problem.K, (problem.R - 1) * dh + 1, (problem.S - 1) * dw + 1), w.dtype)
+    kernels[:, ::dh, ::dw] = w[:, 0]
+    top, bottom, left, right = problem.padding
+    kh, kw = kernels.shape[1:]
+    same = kh % 2 == 1 and kw % 2 == 1 and (top, bottom, left, right) == (kh // 2, kh // 2, kw // 2, kw // 2)
+    sh, sw = problem.stride
+    P, Q = problem.P, problem.Q
+
+    def call():
+        y = np.empty(problem.y_shape, x.dtype)
+        for n in range(problem.N):
+            for k in range(problem.K):
+                plane = x[n, k if problem.C > 1 else 0]
+                if same:
+                    full = cv2.filter2D(plane, -1, kernels[k], borderType=cv2.BORDER_CONSTANT)
+                    y[n, k] = full[::sh, ::sw][:P, :Q]
+                else:
+                    padded = cv2.copyMakeBorder(plane, top, bottom, left, right, cv2.BORDER_CONSTANT, value=0)
+                    full = cv2.filter2D(padded, -1, kernels[k], anchor=(0, 0), borderType=cv2.BORDER_CONSTANT)
+                    y[n, k] = full[:(P - 1) * sh + 1:sh, :(Q - 1) * sw + 1:sw]
+                if bias is not None:
+                    y[n, k] += bias[k]
+        return y
+
+    return call
+
+
 def scipy_estimate_s(problem: ConvProblem, x, w) -> float:
     """Seconds the scipy baseline would take: one image and one filter, times ``N * K``."""
     t0 = time.perf_counter()
@@ -168,9 +221,10 @@ def scipy_estimate_s(problem: ConvProblem, x, w) -> float:
 
 def baseline_candidates(problem: ConvProblem, baselines, x, w, bias, *, scipy_max_seconds: float = 10.0
                         ) -> list[Candidate | Skipped]:
-    """Candidates for the baselines named in ``baselines`` (``"torch"``, ``"scipy"``), on the CPU.
+    """Candidates for the baselines named in ``baselines`` (of :data:`BASELINES`), on the CPU.
 
-    scipy is skipped when one call is estimated to take more than ``scipy_max_seconds``.
+    scipy is skipped when one call is estimated to take more than ``scipy_max_seconds``; OpenCV on
+    problems ``filter2D`` cannot express (:func:`opencv_unsupported`).
     """
     out: list[Candidate | Skipped] = []
     for name in baselines:
@@ -179,6 +233,16 @@ def baseline_candidates(problem: ConvProblem, baselines, x, w, bias, *, scipy_ma
                 out.append(Candidate("torch", "cpu", "baseline", torch_conv(problem, x, w, bias), lambda y: y.numpy()))
             except ImportError as exc:
                 out.append(Skipped("torch", "cpu", "baseline", "unavailable", f"cannot import torch: {exc}"))
+        elif name == "opencv":
+            why_not = opencv_unsupported(problem)
+            if why_not is not None:
+                out.append(Skipped("opencv", "cpu", "baseline", "unsupported", why_not))
+                continue
+            try:
+                out.append(Candidate("opencv", "cpu", "baseline", opencv_filter(problem, x, w, bias)))
+            except ImportError as exc:
+                out.append(Skipped("opencv", "cpu", "baseline", "unavailable",
+                                   f"cannot import cv2 (pip install opencv-python-headless): {exc}"))
         elif name == "scipy":
             estimate = scipy_estimate_s(problem, x, w)
             if estimate > scipy_max_seconds:
@@ -187,7 +251,7 @@ def baseline_candidates(problem: ConvProblem, baselines, x, w, bias, *, scipy_ma
             else:
                 out.append(Candidate("scipy", "cpu", "baseline", lambda: conv2d_reference_for(problem, x, w, bias, problem.dtype)))
         else:
-            raise ValueError(f"unknown baseline {name!r}; known baselines are torch, scipy")
+            raise ValueError(f"unknown baseline {name!r}; known baselines are {', '.join(BASELINES)}")
     return out
 
 

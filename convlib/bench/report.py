@@ -3,7 +3,7 @@
 A record is one candidate (an algorithm on a device, or a baseline) on one case of a suite. To the
 timings of :func:`convlib.bench.runner.run_problem` it adds the case (suite, label, weight, the
 problem's fields) and what the timings mean: GFLOP/s (``problem.flops / median``), the time ratio
-to PyTorch on the same shape, the fraction of the machine's FMA peak and of the memory floor
+to PyTorch (and to OpenCV, where it ran) on the same shape, the fraction of the machine's FMA peak and of the memory floor
 (``problem.bytes_moved / bandwidth``, divided by the median: 1.0 means the kernel moves data as fast
 as a plain copy could).
 """
@@ -19,13 +19,16 @@ from pathlib import Path
 #: Version of the JSON layout written by :func:`write_json`.
 FORMAT_VERSION = 1
 
+#: Baselines every record gets a time ratio to (``ratio_vs_torch``, ``ratio_vs_opencv``).
+RATIO_BASELINES = ("torch", "opencv")
+
 #: Record fields written to CSV, in order (the JSON has these plus ``times_s`` and ``reason``).
 CSV_FIELDS = (
     "suite", "case", "weight", "name", "device", "kind", "status", "picked",
     "N", "C", "H", "W", "K", "R", "S", "stride", "padding", "dilation", "groups", "dtype", "has_bias",
     "P", "Q", "flops", "bytes_moved",
     "median_s", "min_s", "q25_s", "q75_s", "iqr_s", "repeats", "first_s", "compile_s",
-    "gflops", "ratio_vs_torch", "frac_fma_peak", "memory_floor_s", "frac_memory_floor",
+    "gflops", "ratio_vs_torch", "ratio_vs_opencv", "frac_fma_peak", "memory_floor_s", "frac_memory_floor",
     "rel_error", "reference", "note",
 )
 
@@ -33,8 +36,10 @@ CSV_FIELDS = (
 def case_records(suite: str, case, records: list[dict], ceilings: dict | None) -> list[dict]:
     """``records`` of one case (from ``run_problem``) with the case's fields and derived figures."""
     p = case.problem
-    torch = next((r for r in records if r["name"] == "torch" and r["status"] in ("ok", "wrong")), None)
-    torch_s = torch["median_s"] if torch else math.nan
+    baseline_s = {}
+    for name in RATIO_BASELINES:
+        rec = next((r for r in records if r["name"] == name and r["status"] in ("ok", "wrong")), None)
+        baseline_s[name] = rec["median_s"] if rec else math.nan
     peak = (ceilings or {}).get("fma_peak_gflops")
     bandwidth = (ceilings or {}).get("memory_bandwidth_gbs")
     floor_s = p.bytes_moved / (bandwidth * 1e9) if bandwidth else math.nan
@@ -53,7 +58,8 @@ def case_records(suite: str, case, records: list[dict], ceilings: dict | None) -
         median = rec.get("median_s", math.nan)
         timed = rec["status"] in ("ok", "wrong") and median == median and median > 0
         full["gflops"] = p.flops / median / 1e9 if timed else math.nan
-        full["ratio_vs_torch"] = median / torch_s if timed and torch_s == torch_s else math.nan
+        for name, base_s in baseline_s.items():
+            full[f"ratio_vs_{name}"] = median / base_s if timed and base_s == base_s else math.nan
         full["frac_fma_peak"] = full["gflops"] / peak if timed and peak else math.nan
         full["frac_memory_floor"] = floor_s / median if timed else math.nan
         out.append(full)
@@ -71,7 +77,8 @@ def summarize(records: list[dict]) -> list[dict]:
     -------
     list of dict
         ``name, device, kind``; ``cases``, ``ok`` and ``wrong`` (counts); ``geomean_ratio_vs_torch``
-        and ``worst_ratio_vs_torch`` (with ``worst_case``) over the cases both ran;
+        and ``worst_ratio_vs_torch`` (with ``worst_case``) over the cases both ran, and
+        ``geomean_ratio_vs_opencv``;
         ``weighted_total_s`` (sum of weight x median, only when every case ran, as ResNet-50's
         per-network total); ``mean_frac_fma_peak``; for ``auto``: ``within_10pct_of_best`` (the
         fraction of cases where it took at most 1.1x the fastest explicit algorithm of its device).
@@ -95,6 +102,7 @@ def summarize(records: list[dict]) -> list[dict]:
             "worst_case": max(ratios)[1] if ratios and name != "torch" else None,
             "weighted_total_s": (sum(r["weight"] * r["median_s"] for r in timed) if len(timed) == len(cases)
                                  else math.nan),
+            "geomean_ratio_vs_opencv": _geomean(r.get("ratio_vs_opencv") for r in timed),
             "mean_frac_fma_peak": statistics.fmean(_finite(r.get("frac_fma_peak") for r in timed))
             if _finite(r.get("frac_fma_peak") for r in timed) else math.nan,
         }
@@ -111,6 +119,11 @@ def summarize(records: list[dict]) -> list[dict]:
             row["within_10pct_of_best"] = hits / total if total else math.nan
         rows.append(row)
     return rows
+
+
+def _geomean(values) -> float:
+    values = _finite(values)
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else math.nan
 
 
 def _uses_winograd(record: dict) -> bool:
@@ -161,7 +174,7 @@ def read_json(path: Path) -> dict:
         raise ValueError(f"{path}: results format {data.get('format')!r}, this version reads {FORMAT_VERSION}")
     for rec in data["records"]:
         for k, v in rec.items():
-            if v is None and k.endswith(("_s", "gflops", "ratio_vs_torch", "frac_fma_peak", "frac_memory_floor",
+            if v is None and k.endswith(("_s", "gflops", "ratio_vs_torch", "ratio_vs_opencv", "frac_fma_peak", "frac_memory_floor",
                                         "rel_error")):
                 rec[k] = math.nan
     return data
@@ -197,8 +210,9 @@ def case_table(records: list[dict], *, show_device: bool) -> str:
             + (f", memory floor {_num(first['memory_floor_s'], '.3g', 1e3)} ms"
                if _finite([first.get("memory_floor_s")]) else "")
             + (f", x{first['weight']} in the network" if first["weight"] != 1 else ""))
-    columns = ("candidate", "status", "median ms", "min ms", "IQR ms", "GFLOP/s", "x torch", "%peak",
-               "%floor", "compile s", "rel.err", "note")
+    opencv = any(_finite([r.get("ratio_vs_opencv")]) for r in records)
+    columns = ("candidate", "status", "median ms", "min ms", "IQR ms", "GFLOP/s", "x torch") + (
+        ("x opencv",) if opencv else ()) + ("%peak", "%floor", "compile s", "rel.err", "note")
     rows = []
     for r in records:
         name = f"{r['name']}@{r['device']}" if show_device else r["name"]
@@ -209,6 +223,7 @@ def case_table(records: list[dict], *, show_device: bool) -> str:
         rows.append((
             name, r["status"], _num(r.get("median_s"), ".4g", 1e3), _num(r.get("min_s"), ".4g", 1e3),
             _num(r.get("iqr_s"), ".3g", 1e3), _num(r.get("gflops"), ".1f"), _num(r.get("ratio_vs_torch"), ".3f"),
+        ) + ((_num(r.get("ratio_vs_opencv"), ".3f"),) if opencv else ()) + (
             _num(r.get("frac_fma_peak"), ".0%"), _num(r.get("frac_memory_floor"), ".0%"),
             _num(r.get("compile_s"), ".2f"), _num(r.get("rel_error"), ".1e"), note[:90],
         ))
@@ -217,17 +232,21 @@ def case_table(records: list[dict], *, show_device: bool) -> str:
 
 def summary_table(summary: list[dict], *, show_device: bool) -> str:
     """The per-candidate summary as a table."""
-    columns = ("candidate", "ok/cases", "wrong", "geomean x torch", "worst x torch", "worst case",
-               "weighted total ms", "mean %peak", "auto within 10%")
+    opencv = any(_finite([s.get("geomean_ratio_vs_opencv")]) for s in summary)
+    columns = ("candidate", "ok/cases", "wrong", "geomean x torch", "worst x torch", "worst case") + (
+        ("geomean x opencv",) if opencv else ()) + ("weighted total ms", "mean %peak", "auto within 10%")
     rows = []
     for s in summary:
         name = f"{s['name']}@{s['device']}" if show_device else s["name"]
         rows.append((
             name, f"{s['ok']}/{s['cases']}", str(s["wrong"]), _num(s["geomean_ratio_vs_torch"], ".3f"),
-            _num(s["worst_ratio_vs_torch"], ".3f"), s["worst_case"] or "-", _num(s["weighted_total_s"], ".4g", 1e3),
+            _num(s["worst_ratio_vs_torch"], ".3f"), s["worst_case"] or "-",
+        ) + ((_num(s.get("geomean_ratio_vs_opencv"), ".3f"),) if opencv else ()) + (
+            _num(s["weighted_total_s"], ".4g", 1e3),
             _num(s["mean_frac_fma_peak"], ".0%"), _num(s.get("within_10pct_of_best"), ".0%"),
         ))
-    return "summary (ratios: median time / PyTorch's median time on the same shape)\n" + _grid(columns, rows)
+    return ("summary (ratios: median time / the baseline's median time on the same shape)\n"
+            + _grid(columns, rows))
 
 
 def machine_lines(machine: dict, ceilings: dict | None) -> str:

@@ -65,7 +65,54 @@ RESNET50_QUICK = (
     "s4 1x1 1024>256", "s5 3x3 512>512",
 )
 
-SUITES = ("seed-batch", "seed-size", "resnet50", "custom")
+#: The distinct depthwise convolutions of MobileNetV2 (torchvision's ``mobilenet_v2``) on a 224x224
+#: image: ``(name, C, H, stride, count)``, 3x3, padding 1, ``groups = C``. Each inverted-residual
+#: block widens its input by 6 (the first block by 1) and its depthwise 3x3 carries the block's stride.
+MOBILENET_V2_DEPTHWISE = (
+    ("dw 32 112", 32, 112, 1, 1),
+    ("dw 96 112/2", 96, 112, 2, 1),
+    ("dw 144 56", 144, 56, 1, 1),
+    ("dw 144 56/2", 144, 56, 2, 1),
+    ("dw 192 28", 192, 28, 1, 2),
+    ("dw 192 28/2", 192, 28, 2, 1),
+    ("dw 384 14", 384, 14, 1, 4),
+    ("dw 576 14", 576, 14, 1, 2),
+    ("dw 576 14/2", 576, 14, 2, 1),
+    ("dw 960 7", 960, 7, 1, 3),
+)
+#: MobileNetV2's distinct pointwise (1x1) convolutions on a 224x224 image: ``(name, C, H, K, count)``,
+#: stride 1: each block's expansion (``C -> 6C``) and projection (``6C -> C'``), and the last layer.
+MOBILENET_V2_POINTWISE = (
+    ("pw 32>16 112", 32, 112, 16, 1),
+    ("pw 16>96 112", 16, 112, 96, 1),
+    ("pw 96>24 56", 96, 56, 24, 1),
+    ("pw 24>144 56", 24, 56, 144, 2),
+    ("pw 144>24 56", 144, 56, 24, 1),
+    ("pw 144>32 28", 144, 28, 32, 1),
+    ("pw 32>192 28", 32, 28, 192, 3),
+    ("pw 192>32 28", 192, 28, 32, 2),
+    ("pw 192>64 14", 192, 14, 64, 1),
+    ("pw 64>384 14", 64, 14, 384, 4),
+    ("pw 384>64 14", 384, 14, 64, 3),
+    ("pw 384>96 14", 384, 14, 96, 1),
+    ("pw 96>576 14", 96, 14, 576, 3),
+    ("pw 576>96 14", 576, 14, 96, 2),
+    ("pw 576>160 7", 576, 7, 160, 1),
+    ("pw 160>960 7", 160, 7, 960, 3),
+    ("pw 960>160 7", 960, 7, 160, 2),
+    ("pw 960>320 7", 960, 7, 320, 1),
+    ("pw 320>1280 7", 320, 7, 1280, 1),
+)
+MOBILENET_QUICK = ("dw 32 112", "dw 144 56/2", "dw 576 14", "dw 960 7", "pw 24>144 56", "pw 960>160 7")
+
+#: Single-channel image filters (N = C = K = 1, ``padding = R // 2``): ``(name, size, R, stride)``,
+#: the shapes an image-processing user runs through OpenCV's ``filter2D``.
+FILTERS = tuple(
+    (f"{r}x{r} {size}^2", size, r, 1) for size in (2048, 4096, 8192) for r in (3, 5, 7)
+) + (("3x3 8192^2/2", 8192, 3, 2), ("7x7 8192^2/2", 8192, 7, 2))
+FILTERS_QUICK = ("3x3 2048^2", "7x7 2048^2", "3x3 8192^2/2")
+
+SUITES = ("seed-batch", "seed-size", "resnet50", "mobilenet", "filters", "custom")
 
 
 @dataclass(frozen=True)
@@ -118,6 +165,31 @@ def resnet50(*, batch=8, dtype="float32", quick=False) -> list[Case]:
     return cases
 
 
+def mobilenet(*, batch=8, dtype="float32", quick=False) -> list[Case]:
+    """The distinct depthwise (``dw ...``) then pointwise (``pw ...``) convolutions of MobileNetV2
+    at batch ``batch``, weighted by occurrence."""
+    cases = []
+    for name, C, H, stride, count in MOBILENET_V2_DEPTHWISE:
+        problem = ConvProblem(batch, C, H, H, C, 3, 3, stride=(stride, stride), padding=(1, 1, 1, 1), groups=C,
+                              dtype=dtype)
+        cases.append(Case(name, problem, weight=count))
+    for name, C, H, K, count in MOBILENET_V2_POINTWISE:
+        cases.append(Case(name, ConvProblem(batch, C, H, H, K, 1, 1, dtype=dtype), weight=count))
+    return [c for c in cases if not quick or c.label in MOBILENET_QUICK]
+
+
+def filters(*, dtype="float32", quick=False) -> list[Case]:
+    """Single-channel 3x3, 5x5 and 7x7 filters on 2048^2 to 8192^2 images, ``padding = R // 2``
+    (the output keeps the image's size), and two strided ones."""
+    cases = []
+    for name, size, r, stride in FILTERS:
+        if quick and name not in FILTERS_QUICK:
+            continue
+        problem = ConvProblem(1, 1, size, size, 1, r, r, stride=(stride, stride), padding=(r // 2,) * 4, dtype=dtype)
+        cases.append(Case(name, problem))
+    return cases
+
+
 def custom(shapes, *, stride=1, padding=0, dilation=1, groups=1, bias=False, dtype="float32") -> list[Case]:
     """One case per ``(N, C, H, W, K, R, S)`` of ``shapes``, all with the same parameters.
 
@@ -143,13 +215,13 @@ def build(name: str, *, dtype="float32", quick=False, batch=8, shapes=(), stride
     Parameters
     ----------
     name : str
-        ``"seed-batch"``, ``"seed-size"``, ``"resnet50"`` or ``"custom"``.
+        ``"seed-batch"``, ``"seed-size"``, ``"resnet50"``, ``"mobilenet"``, ``"filters"`` or ``"custom"``.
     dtype : str
         ``"float32"`` or ``"float64"``.
     quick : bool
         Keep a few representative cases only (smoke runs).
     batch : int
-        ResNet-50's batch size.
+        The batch size of ResNet-50 and MobileNetV2.
     shapes, stride, padding, dilation, groups, bias
         The custom suite's shapes ``(N, C, H, W, K, R, S)`` and parameters (see :func:`custom`).
 
@@ -163,6 +235,10 @@ def build(name: str, *, dtype="float32", quick=False, batch=8, shapes=(), stride
         return seed_size(dtype=dtype, quick=quick)
     if name == "resnet50":
         return resnet50(batch=batch, dtype=dtype, quick=quick)
+    if name == "mobilenet":
+        return mobilenet(batch=batch, dtype=dtype, quick=quick)
+    if name == "filters":
+        return filters(dtype=dtype, quick=quick)
     if name == "custom":
         if not shapes:
             raise ValueError("the custom suite needs at least one --shape N,C,H,W,K,R,S")
