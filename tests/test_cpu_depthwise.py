@@ -1,5 +1,6 @@
-"""The depthwise kernel's edges: channel multipliers, strides (de-interleaved), dilations, padding
-never copied (clipped runs, whole padding rows), and the padding's 0 * w terms for non-finite w."""
+"""The depthwise kernel's edges: both of its ways (whole planes and bands), channel multipliers,
+strides (de-interleaved), dilations, padding never copied (masked taps, clipped runs, whole padding
+rows), and the padding's 0 * w terms for non-finite w."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import convlib
 from convlib.core.problem import ConvProblem
 from convlib.cpu import depthwise
+from convlib.cpu.tables import KNOBS
 from convlib.testing import TOLERANCE, conv2d_reference_for, relative_error
 
 from .conftest import random_arrays
@@ -22,7 +24,15 @@ CASES = {
     "padding-wider-than-image": (1, 3, 4, 5, 1, 7, 7, (1, 1), (6, 5, 6, 5), (1, 1)),
     "one-by-one-strided": (2, 4, 9, 9, 1, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1)),
     "one-column": (2, 3, 8, 1, 1, 3, 1, (1, 1), (1, 1, 0, 0), (1, 1)),
+    # Output the size of the image at stride 1: the whole-plane way.
+    "same-7x7-plane": (3, 5, 7, 7, 1, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    "same-asymmetric-4x2": (2, 3, 9, 6, 2, 4, 2, (1, 1), (1, 2, 0, 1), (1, 1)),
+    "same-dilated-5x5": (1, 4, 11, 13, 1, 5, 5, (1, 1), (4, 4, 4, 4), (2, 2)),
+    "same-one-row": (2, 3, 1, 70, 1, 1, 5, (1, 1), (0, 0, 2, 2), (1, 1)),
 }
+
+#: The cases the whole-plane way serves (the others are gathered, or go by bands).
+WHOLE_PLANE_CASES = ("mobilenet-like", "one-column", "same-7x7-plane", "same-asymmetric-4x2", "same-dilated-5x5", "same-one-row")
 
 
 def problem_for(name, dtype) -> ConvProblem:
@@ -42,6 +52,41 @@ def test_matches_reference(case, dtype, rng):
     assert all(np.array_equal(a, c) for a, c in zip((x, w, b), copies))
 
 
+def test_each_case_takes_the_way_it_is_meant_to():
+    for name in CASES:
+        problem = problem_for(name, "float32")
+        assert depthwise.uses_whole_planes(problem) == (name in WHOLE_PLANE_CASES), name
+        assert not (depthwise.uses_whole_planes(problem) and depthwise.uses_gathered_planes(problem))
+    assert depthwise.uses_gathered_planes(problem_for("stride2-odd-width", "float32"))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c not in WHOLE_PLANE_CASES])
+def test_gathered_planes_and_bands_agree(case, rng):
+    """The gathered way against the bands (a zero buffer budget forces bands) on every other case."""
+    problem = problem_for(case, "float64")
+    x, w, b = random_arrays(rng, problem)
+    with KNOBS.override(depthwise_gather_bytes=1 << 30):
+        assert depthwise.uses_gathered_planes(problem)
+        gathered = depthwise.run(problem, x, w, b)
+    with KNOBS.override(depthwise_gather_bytes=0):
+        bands = depthwise.run(problem, x, w, b)
+    np.testing.assert_allclose(gathered, bands, rtol=1e-12, atol=1e-12)
+    assert relative_error(gathered, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float64"]
+
+
+@pytest.mark.parametrize("case", WHOLE_PLANE_CASES)
+def test_whole_planes_and_bands_agree(case, rng):
+    """The same problem both ways (the mask budget at 0 forces bands); bands are checked against
+    the reference above, and the two must agree to rounding."""
+    problem = problem_for(case, "float64")
+    x, w, b = random_arrays(rng, problem)
+    planes = depthwise.run(problem, x, w, b)
+    with KNOBS.override(depthwise_plane_mask_bytes=0):
+        assert not depthwise.uses_whole_planes(problem)
+        bands = depthwise.run(problem, x, w, b)
+    np.testing.assert_allclose(planes, bands, rtol=1e-12, atol=1e-12)
+
+
 def test_serves_depthwise_only():
     assert depthwise.supports(ConvProblem(1, 4, 5, 5, 8, 3, 3, groups=4)) is None
     assert "groups == C" in depthwise.supports(ConvProblem(1, 4, 5, 5, 8, 3, 3, groups=2))
@@ -55,12 +100,14 @@ def test_auto_picks_it_for_depthwise_layers():
     assert convlib.choose_algorithm(x, w, stride=2, padding=1, groups=96).algo == "depthwise"
 
 
+@pytest.mark.parametrize("case, gather_bytes", [("same-7x7-plane", None), ("stride2-odd-width", None),
+                                                ("stride2-odd-width", 0)], ids=["whole", "gathered", "bands"])
 @pytest.mark.parametrize("bad", [np.inf, np.nan])
-def test_padding_terms_of_a_non_finite_weight(bad, rng):
+def test_padding_terms_of_a_non_finite_weight(bad, case, gather_bytes, rng):
     """The definition multiplies the padding's zeros by every weight: 0 * inf and 0 * NaN are NaN.
     With tap (0, 0) of channel 2 infinite and x positive, channel 2 is +inf where that tap reads
     the image and NaN where it reads padding; a NaN weight makes the whole channel NaN."""
-    problem = problem_for("stride2-odd-width", "float64")
+    problem = problem_for(case, "float64")
     x, w, b = random_arrays(rng, problem)
     x = np.abs(x) + 0.5
     finite_w = w.copy()
@@ -71,7 +118,11 @@ def test_padding_terms_of_a_non_finite_weight(bad, rng):
     reads_padding = (p < 0) | (p >= problem.H) | (q < 0) | (q >= problem.W)
     expected[:, 2] = np.where(reads_padding, np.nan, np.inf) if bad == np.inf else np.nan
     w[2, 0, 0, 0] = bad
-    y = depthwise.run(problem, x, w, b)
+    if gather_bytes is None:
+        y = depthwise.run(problem, x, w, b)
+    else:
+        with KNOBS.override(depthwise_gather_bytes=gather_bytes):
+            y = depthwise.run(problem, x, w, b)
     np.testing.assert_array_equal(np.isnan(y), np.isnan(expected))
     np.testing.assert_array_equal(np.isposinf(y), np.isposinf(expected))
     finite = np.isfinite(expected)
