@@ -158,8 +158,9 @@ def choose_algorithm(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups
     1. Only algorithms that can serve the problem are candidates (Winograd needs 3x3, stride 1,
        dilation 1).
     2. A winner measured earlier for this problem and device (``measure=True``) is used.
-    3. On the CPU, depthwise layers (``groups == C``, any channel multiplier) go to ``depthwise``,
-       which streams each input plane once per output channel it feeds.
+    3. On the CPU, depthwise layers and one-channel filters (``groups == C``, any channel
+       multiplier) up to 5x5 go to ``depthwise``, which streams each input plane once per output
+       channel it feeds (larger filters go on to the rules below).
     4. Thin GEMMs (reduction ``C/groups * R * S < 32`` or fewer than 16 output channels per
        group, e.g. the seed thesis' C=K=4 images) go to ``direct``: they are bound by memory
        traffic and direct convolution reads the image once and writes the output once.

@@ -95,9 +95,12 @@ def test_serves_depthwise_only():
         convlib.conv2d(x, w, groups=2, algo="depthwise")
 
 
-def test_auto_picks_it_for_depthwise_layers():
+def test_auto_picks_it_for_depthwise_layers_and_small_image_filters():
     x, w = np.ones((8, 96, 112, 112), np.float32), np.ones((96, 1, 3, 3), np.float32)
     assert convlib.choose_algorithm(x, w, stride=2, padding=1, groups=96).algo == "depthwise"
+    image = np.ones((1, 1, 64, 64), np.float32)
+    assert convlib.choose_algorithm(image, np.ones((1, 1, 5, 5), np.float32), padding=2).algo == "depthwise"
+    assert convlib.choose_algorithm(image, np.ones((1, 1, 7, 7), np.float32), padding=3).algo == "direct"
 
 
 @pytest.mark.parametrize("case, gather_bytes", [("same-7x7-plane", None), ("stride2-odd-width", None),

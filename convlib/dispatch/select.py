@@ -58,7 +58,9 @@ def _is_pointwise(problem: ConvProblem) -> bool:
 
 
 def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
-    if problem.groups == problem.C:
+    # Measured (AVX-512, 2 threads): depthwise beat direct 1.7x on 3x3 single-channel 2048^2 filters,
+    # 1.3x on 5x5 and MobileNetV2's layers 1.7-3x; on 7x7 its unrolled taps lose (6x slower than direct).
+    if problem.groups == problem.C and problem.R * problem.S <= 25:
         return [("depthwise", "depthwise: one input channel per output plane, streamed once (memory-bound)")]
     if _is_thin(problem):
         return [("direct", f"thin GEMM (M={problem.gemm_m}, K={problem.gemm_k}): memory-bound, "
