@@ -52,7 +52,8 @@ def main() -> int:
     results = {}
     for device in convlib.devices():
         auto = convlib.choose_algorithm(x, w, bias, padding=1, device=device)
-        for algo in convlib.algorithms(device):
+        # Only the algorithms that can serve this layer (depthwise, e.g., serves groups == C alone).
+        for algo in auto.candidates:
             def call():
                 return convlib.conv2d(x, w, bias, padding=1, algo=algo, device=device)
 
@@ -66,6 +67,9 @@ def main() -> int:
             print(f"{algo:<10} {device:<14} {first * 1e3:>8.0f}ms {t * 1e3:>7.2f}ms {problem.flops / t / 1e9:>8.1f}"
                   f" {err:>10.1e}{'' if ok else ' WRONG'}{mark}")
         print(f"{'':<10} {device:<14} auto picks {auto.algo!r}: {auto.reason}")
+        others = [a for a in convlib.algorithms(device) if a not in auto.candidates]
+        if others:
+            print(f"{'':<10} {device:<14} not for this layer: {', '.join(others)}")
 
     ys = list(results.values())
     spread = max(relative_error(y, ys[0]) for y in ys)
