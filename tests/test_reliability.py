@@ -30,7 +30,7 @@ from convlib.testing import (
     relative_error,
 )
 
-from .conftest import all_pairs, device_for, random_arrays
+from .conftest import all_pairs, device_for
 
 
 # -- bounded memory --------------------------------------------------------------------------------
@@ -72,6 +72,8 @@ def test_pieces_of_every_shape_give_the_same_answer(backend, algo, rng):
         dict(x=(3, 5, 17, 13), w=(6, 5, 3, 3), stride=1, padding=1, dilation=1),
         dict(x=(2, 4, 15, 11), w=(4, 2, 3, 2), stride=(2, 1), padding=(3, 0, 1, 2), dilation=(1, 2), groups=2),
         dict(x=(2, 2, 4, 5), w=(3, 2, 3, 3), stride=1, padding=(6, 5, 1, 1), dilation=1),
+        # Depthwise (every algorithm of the CPU serves it; the depthwise one serves only it).
+        dict(x=(2, 3, 16, 9), w=(6, 1, 3, 3), stride=1, padding=1, dilation=1, groups=3),
     ]
     for case in cases:
         shape_x, shape_w = case.pop("x"), case.pop("w")
@@ -172,6 +174,9 @@ NONFINITE_CASES = {
     "3x3-pad1": dict(x=(2, 6, 14, 13), w=(8, 6, 3, 3), stride=1, padding=1, dilation=1, groups=1),
     "stride2-dil-groups": dict(x=(2, 4, 13, 15), w=(6, 2, 3, 2), stride=(2, 1), padding=(1, 2, 0, 1),
                                dilation=(1, 2), groups=2),
+    # Depthwise at stride 1, output the image's size: the depthwise algorithm reads neighbouring
+    # planes in place and must select their inf/NaN away.
+    "depthwise-same": dict(x=(2, 6, 14, 13), w=(12, 1, 3, 3), stride=1, padding=1, dilation=1, groups=6),
 }
 
 

@@ -78,8 +78,7 @@ class Skipped:
 def memory_shortfall(plan: Plan) -> str | None:
     """Why a CPU plan should not run here for lack of memory, or None (the plan's workspace plus
     its output against ``MemAvailable``)."""
-    problem = plan.problem
-    need = plan.workspace_bytes() + problem.N * problem.K * problem.P * problem.Q * problem.itemsize
+    need = plan.workspace_bytes() + plan.problem.output_bytes
     available = available_memory_bytes()
     if available is None or need <= MEMORY_HEADROOM * available:
         return None
@@ -256,23 +255,8 @@ def baseline_candidates(problem: ConvProblem, baselines, x, w, bias, *, scipy_ma
 
 
 def default_algorithms(device: str) -> list[str]:
-    """Every algorithm ``device`` offers, aliases removed, then ``auto``.
-
-    Two names served by the same implementation (``winograd`` and ``winograd4``) would be timed
-    twice for nothing; the first name is kept.
-    """
-    backend = resolve_device(device).name
-    names, seen = [], []
-    for algo in registry.algorithm_names(backend):
-        try:
-            impl = registry.implementation("conv2d", backend, algo)
-        except ImportError:
-            names.append(algo)  # reported as unavailable per shape
-            continue
-        if any(impl is other for other in seen):
-            continue
-        seen.append(impl)
-        names.append(algo)
-    return names + ["auto"]
+    """Every algorithm ``device`` offers, each implementation once (``winograd`` and ``winograd4``
+    would be timed twice for nothing), then ``auto``."""
+    return registry.distinct_algorithm_names(resolve_device(device).name) + ["auto"]
 
 

@@ -14,11 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.problem import ConvProblem
-from ..testing import conv2d_reference_for, relative_error
+from ..testing import TOLERANCE, conv2d_reference_for, relative_error
 from .candidates import torch_conv
 
-#: Relative (Frobenius) error allowed against a float64 reference, per dtype (the project's bar).
-TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
 #: Extra factor allowed when the reference itself is computed in the problem's dtype (PyTorch in
 #: float32 has rounding errors of its own, of the same order as ours).
 SAME_PRECISION_SLACK = 4.0

@@ -96,15 +96,13 @@ def summarize(records: list[dict]) -> list[dict]:
         row = {
             "name": name, "device": device, "kind": mine[0]["kind"], "cases": len(cases),
             "ok": sum(r["status"] == "ok" for r in mine), "wrong": sum(r["status"] == "wrong" for r in mine),
-            "geomean_ratio_vs_torch": (math.exp(statistics.fmean(math.log(v) for v, _ in ratios)) if ratios
-                                       else math.nan),
+            "geomean_ratio_vs_torch": _geomean(v for v, _ in ratios),
             "worst_ratio_vs_torch": max(ratios)[0] if ratios else math.nan,
             "worst_case": max(ratios)[1] if ratios and name != "torch" else None,
             "weighted_total_s": (sum(r["weight"] * r["median_s"] for r in timed) if len(timed) == len(cases)
                                  else math.nan),
             "geomean_ratio_vs_opencv": _geomean(r.get("ratio_vs_opencv") for r in timed),
-            "mean_frac_fma_peak": statistics.fmean(_finite(r.get("frac_fma_peak") for r in timed))
-            if _finite(r.get("frac_fma_peak") for r in timed) else math.nan,
+            "mean_frac_fma_peak": _mean(r.get("frac_fma_peak") for r in timed),
         }
         if name == "auto":
             hits = total = 0
@@ -124,6 +122,11 @@ def summarize(records: list[dict]) -> list[dict]:
 def _geomean(values) -> float:
     values = _finite(values)
     return math.exp(statistics.fmean(math.log(v) for v in values)) if values else math.nan
+
+
+def _mean(values) -> float:
+    values = _finite(values)
+    return statistics.fmean(values) if values else math.nan
 
 
 def _uses_winograd(record: dict) -> bool:
@@ -174,8 +177,8 @@ def read_json(path: Path) -> dict:
         raise ValueError(f"{path}: results format {data.get('format')!r}, this version reads {FORMAT_VERSION}")
     for rec in data["records"]:
         for k, v in rec.items():
-            if v is None and k.endswith(("_s", "gflops", "ratio_vs_torch", "ratio_vs_opencv", "frac_fma_peak", "frac_memory_floor",
-                                        "rel_error")):
+            if v is None and (k.endswith(("_s", "gflops", "frac_fma_peak", "frac_memory_floor", "rel_error"))
+                              or k.startswith("ratio_vs_")):
                 rec[k] = math.nan
     return data
 

@@ -102,6 +102,17 @@ class ConvProblem:
         return self.y_shape
 
     @property
+    def output_bytes(self) -> int:
+        """Bytes of the operation's result."""
+        N, K, P, Q = self.output_shape
+        return N * K * P * Q * self.itemsize
+
+    @property
+    def im2col_image_bytes(self) -> int:
+        """Bytes of one image's column matrix (``C*R*S`` rows by ``P*Q`` columns)."""
+        return self.C * self.R * self.S * self.P * self.Q * self.itemsize
+
+    @property
     def pad_top(self) -> int:
         return self.padding[0]
 
@@ -167,7 +178,7 @@ class ConvProblem:
         """
         if cap_bytes is None:
             cap_bytes = options.workspace_cap
-        per_image = self.C * self.R * self.S * self.P * self.Q * self.itemsize
+        per_image = self.im2col_image_bytes
         if per_image == 0 or self.N == 0:
             return max(self.N, 1)
         return max(1, min(self.N, cap_bytes // per_image))

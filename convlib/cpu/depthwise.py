@@ -7,7 +7,8 @@ kernel's job is to touch each byte once, which the general algorithms do not do 
 register block holds one channel (its blocks are built for many) and copies the whole input with
 its padding first; blis and im2col pack or gather R*S copies of the image.
 
-Two ways through, by the plane's geometry (:func:`uses_whole_planes`):
+Three ways through, by the plane's geometry (:func:`uses_whole_planes`,
+:func:`uses_gathered_planes`, else bands):
 
 *Whole planes* (stride 1, output the size of the image, the taps' masks small): the output plane
 and the image plane have the same pitch, so output position ``pos`` (flat, ``p * W + q``) reads
@@ -17,11 +18,17 @@ its padding to copy). The positions whose tap falls outside the image (the paddi
 that would wrap into the neighbouring row) are selected away by a precomputed mask per tap, so the
 padding still enters as ``0 * w``. Planes are the work items, and each result block goes straight
 into ``y``. Only the first and last planes of ``x``, whose shifted runs would read past the array,
-are copied into a buffer with zero margins. Measured on MobileNetV2's stride-1 layers (batch 8,
-AVX-512, 2 threads): 1.4-2.3x the memory floor, where the banded way below took 3-17x.
+are copied into a buffer with zero margins. The masks and offsets depend on the plane's geometry
+only, so they are computed once per geometry (:func:`_plane_tables`), like the gathered way's
+index tables.
 
-*Bands* (everything else: strides, other padding, planes too large for the masks). Work items are bands of output rows of one plane (``prange`` over them, a few
-contiguous ranges per thread). A band's input rows are gathered into a small per-thread buffer
+*Gathered planes* (other strides, padding and dilations, when a plane's phase buffer is small):
+one pass over an index table builds the whole plane's phase planes (de-interleaved as below,
+zeros for the padding), once per input plane; the taps then run over its wide rows and a second
+table picks the outputs. On small strided planes this beats the bands' many short row copies.
+
+*Bands* (everything else: large planes). Work items are bands of output rows of one plane
+(``prange`` over them, a few contiguous ranges per thread). A band's input rows are gathered into a small per-thread buffer
 (tens of KB: it stays in L1/L2), with the zero padding its taps read and, at a stride, split into
 the stride's phases (de-interleaved: phase ``(a, b)`` holds rows ``a, a + sh, ...`` and columns
 ``b, b + sw, ...``), as in :mod:`convlib.cpu.direct`'s source planes but one band at a time: no
@@ -59,6 +66,12 @@ def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
+def _phase_extent(P: int, Q: int, R: int, S: int, stride, dilation) -> tuple[int, int]:
+    """``(extra, Wp)``: the rows a phase plane holds beyond the ``P`` output rows it serves (the
+    taps' reach at the stride), and the pitch of its wide rows (``Q`` plus the taps' reach)."""
+    return ((R - 1) * dilation[0]) // stride[0], Q + ((S - 1) * dilation[1]) // stride[1]
+
+
 def uses_whole_planes(problem: ConvProblem) -> bool:
     """True when the whole-plane way serves ``problem``: stride 1, an output the size of the image
     (so both share one pitch) and masks of at most ``depthwise_plane_mask_bytes``."""
@@ -94,8 +107,8 @@ def _gather_tables(H, W, P, Q, R, S, stride, top, left, dilation):
     """
     sh, sw = stride
     dh, dw = dilation
-    Hp = P + ((R - 1) * dh) // sh
-    Wp = Q + ((S - 1) * dw) // sw
+    extra, Wp = _phase_extent(P, Q, R, S, stride, dilation)
+    Hp = P + extra
     phases = sorted({((r * dh) % sh, (s * dw) % sw) for r in range(R) for s in range(S)})
     base = {phase: i * Hp * Wp for i, phase in enumerate(phases)}
     source = np.full(len(phases) * Hp * Wp, -1, np.int32)
@@ -115,10 +128,33 @@ def uses_gathered_planes(problem: ConvProblem) -> bool:
     buffer of at most ``depthwise_gather_bytes``."""
     if uses_whole_planes(problem):
         return False
-    sh, sw = problem.stride
-    Hp = problem.P + ((problem.R - 1) * problem.dilation[0]) // sh
-    Wp = problem.Q + ((problem.S - 1) * problem.dilation[1]) // sw
-    return min(sh * sw, problem.R * problem.S) * Hp * Wp * problem.itemsize <= KNOBS.depthwise_gather_bytes
+    extra, Wp = _phase_extent(problem.P, problem.Q, problem.R, problem.S, problem.stride, problem.dilation)
+    phases = min(problem.stride[0] * problem.stride[1], problem.R * problem.S)
+    return phases * (problem.P + extra) * Wp * problem.itemsize <= KNOBS.depthwise_gather_bytes
+
+
+@functools.lru_cache(maxsize=64)
+def _plane_tables(H, W, R, S, top, left, dilation):
+    """The whole-plane way's tables for an ``H x W`` plane (output the same size).
+
+    Returns
+    -------
+    mask : bool array (R*S * positions,)
+        ``mask[t * positions + pos]``: tap ``t`` of output ``pos`` (flat, ``p * W + q``) reads inside
+        the image; ``positions`` is ``H * W`` rounded up to whole blocks (the rest False).
+    delta : int64 array (R*S,)
+        Where tap ``t`` reads relative to its output, in flat positions of the plane.
+    """
+    dh, dw = dilation
+    positions = _round_up(H * W, BLOCK)
+    r, s = np.divmod(np.arange(R * S), S)
+    rows = np.arange(H)[None, :] + (r * dh - top)[:, None]        # (taps, H): the row each tap reads
+    cols = np.arange(W)[None, :] + (s * dw - left)[:, None]       # (taps, W)
+    inside = ((rows >= 0) & (rows < H))[:, :, None] & ((cols >= 0) & (cols < W))[:, None, :]
+    mask = np.zeros((R * S, positions), np.bool_)
+    mask[:, :H * W] = inside.reshape(R * S, H * W)
+    delta = ((r * dh - top) * W + s * dw - left).astype(np.int64)
+    return mask.reshape(-1), delta
 
 
 def _plane_margins(problem: ConvProblem) -> tuple[int, int]:
@@ -140,11 +176,8 @@ def supports(problem: ConvProblem) -> str | None:
 def geometry(problem: ConvProblem) -> tuple[int, int, int, int, int]:
     """``(rows_per_band, Hs_extra, Ws, phases_h, phases_w)``: output rows per band, the extra rows a
     band's phase planes hold, the pitch of a phase row and the number of phases."""
-    sh, sw = problem.stride
-    dh, dw = problem.dilation
-    phases_h, phases_w = sh, sw  # room for every phase; only those the taps read are gathered
-    extra = ((problem.R - 1) * dh) // sh
-    Ws = problem.Q + ((problem.S - 1) * dw) // sw
+    phases_h, phases_w = problem.stride  # room for every phase; only those the taps read are gathered
+    extra, Ws = _phase_extent(problem.P, problem.Q, problem.R, problem.S, problem.stride, problem.dilation)
     per_row = phases_h * phases_w * Ws * problem.itemsize
     rows = max(1, min(problem.P, KNOBS.depthwise_band_bytes // max(per_row, 1) - extra))
     return rows, extra, Ws, phases_h, phases_w
@@ -284,11 +317,12 @@ def depthwise_kernel(R: int, S: int, dtype: str):
 def whole_plane_kernel(R: int, S: int, dtype: str):
     """The whole-plane kernel for ``R x S`` filters of ``dtype`` (stride 1, output size = image size)::
 
-        kernel(x, w, bias, top, left, dil_h, dil_w, before, after, threads, y)
+        kernel(x, w, bias, mask, delta, before, after, threads, y)
 
     x : (N, C, H, W)     IN
     w : (K, 1, R, S)     IN
     bias : (K,)          IN  zeros when the call has no bias
+    mask, delta          IN  the taps' masks and offsets (:func:`_plane_tables`)
     before, after : int  IN  zero margins of a copied plane (:func:`_plane_margins`)
     y : (N, K, H, W)     OUT every element written
     """
@@ -296,29 +330,12 @@ def whole_plane_kernel(R: int, S: int, dtype: str):
     scalar = np.dtype(dtype).type
 
     @njit(parallel=True, cache=True, fastmath={"contract"})
-    def depthwise_planes(x, w, bias, top, left, dil_h, dil_w, before, after, threads, y):
+    def depthwise_planes(x, w, bias, mask, delta, before, after, threads, y):
         N, C, H, W = x.shape
         K = w.shape[0]
         multiplier = K // C
         HW = H * W
-        positions = (HW + BLOCK - 1) // BLOCK * BLOCK
-        # mask[t, pos]: tap t of output pos reads inside the image. Row and column validity are
-        # separate, so each valid row of a tap's mask is a copy of the tap's column mask.
-        mask = np.zeros(taps * positions, np.bool_)
-        column_ok = np.zeros(W, np.bool_)
-        delta = np.empty(taps, np.int64)
-        for r in range(R):
-            for s in range(S):
-                t = r * S + s
-                delta[t] = (r * dil_h - top) * W + s * dil_w - left
-                for q in range(W):
-                    c = q + s * dil_w - left
-                    column_ok[q] = 0 <= c < W
-                for p in range(H):
-                    h = p + r * dil_h - top
-                    if 0 <= h < H:
-                        for q in range(W):
-                            mask[t * positions + p * W + q] = column_ok[q]
+        positions = mask.size // taps
         total = N * C * HW
         items = N * K
         parts = max(1, min(items, 4 * threads))
@@ -437,9 +454,10 @@ def run(problem: ConvProblem, x, w, bias, device=None):
     bias_or_zeros = bias if bias is not None else np.zeros(problem.K, problem.dtype)
     if uses_whole_planes(problem):
         before, after = _plane_margins(problem)
+        mask, delta = _plane_tables(problem.H, problem.W, problem.R, problem.S, problem.pad_top, problem.pad_left,
+                                    problem.dilation)
         whole_plane_kernel(problem.R, problem.S, problem.dtype)(
-            x, w, bias_or_zeros, problem.pad_top, problem.pad_left, problem.dilation[0], problem.dilation[1],
-            before, after, get_num_threads(), y)
+            x, w, bias_or_zeros, mask, delta, before, after, get_num_threads(), y)
         return y
     if uses_gathered_planes(problem):
         source, tap_offset, output_index, wide = gathered_geometry(problem)

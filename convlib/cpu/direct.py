@@ -69,11 +69,6 @@ from .tables import KNOBS, DirectBlocking, direct_blockings
 from .work_queue import fetch_and_increment
 
 
-def blocking_candidates(dtype: str) -> tuple[DirectBlocking, ...]:
-    """The :class:`~convlib.cpu.tables.DirectBlocking` candidates for ``dtype`` on this machine."""
-    return direct_blockings(dtype)
-
-
 # ------------------------------------------------------------------------------------------
 # Geometry of the source planes
 # ------------------------------------------------------------------------------------------
@@ -134,7 +129,7 @@ def choose_blocking(problem) -> DirectBlocking:
     candidate.
     """
     best, best_cost = None, None
-    for b in blocking_candidates(problem.dtype):
+    for b in direct_blockings(problem.dtype):
         planes = _planes(problem, b.QB)
         wide_length = (problem.P - 1) * planes.Ws + problem.Q
         work = -(-problem.K_per_group // b.KB) * b.KB * -(-wide_length // b.QB) * b.QB

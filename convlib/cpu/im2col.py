@@ -32,8 +32,7 @@ def supports(problem: ConvProblem) -> str | None:
 def workspace_bytes(problem: ConvProblem, device=None) -> int:
     """Bytes of one batch chunk's column matrix (the chunk sized by
     ``convlib.options.workspace_cap``)."""
-    p = problem
-    return p.im2col_batch_chunk() * p.C * p.R * p.S * p.P * p.Q * p.itemsize
+    return problem.im2col_batch_chunk() * problem.im2col_image_bytes
 
 
 @njit(parallel=True, cache=True)

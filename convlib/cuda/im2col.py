@@ -153,8 +153,7 @@ def _cupy_stream(cupy, target):
 
 def workspace_bytes(problem, device=None) -> int:
     """One batch chunk's column matrix (chunks sized by ``convlib.options.workspace_cap``)."""
-    p = problem
-    return min(p.im2col_batch_chunk(), MAX_GRID_Y) * p.C * p.R * p.S * p.P * p.Q * p.itemsize
+    return min(problem.im2col_batch_chunk(), MAX_GRID_Y) * problem.im2col_image_bytes
 
 
 def run(problem, x, w, bias, device):

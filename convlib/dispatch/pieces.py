@@ -92,14 +92,10 @@ def conv2d_pieces(problem: ConvProblem, workspace_of: Callable[[ConvProblem], in
     """
     if workspace_of(problem) <= cap:
         return None
-    itemsize = problem.itemsize
-
-    def result_bytes(p: ConvProblem) -> int:
-        return p.N * p.K * p.P * p.Q * itemsize
 
     def images_cost(n: int) -> int:
         sub = replace(problem, N=n)
-        return workspace_of(sub) + result_bytes(sub)
+        return workspace_of(sub) + sub.output_bytes
 
     def band_cost(rows: int) -> int:
         # The dearest of a band at the top, in the middle and at the bottom of the image.
@@ -107,7 +103,7 @@ def conv2d_pieces(problem: ConvProblem, workspace_of: Callable[[ConvProblem], in
         for p0 in {0, max(0, (problem.P - rows) // 2), problem.P - rows}:
             piece = band(problem, 0, 1, p0, p0 + rows)
             sub = piece.problem
-            cost = max(cost, workspace_of(sub) + result_bytes(sub) + sub.N * sub.C * sub.H * sub.W * itemsize)
+            cost = max(cost, workspace_of(sub) + sub.output_bytes + sub.N * sub.C * sub.H * sub.W * sub.itemsize)
         return cost
 
     limit = max(cap, band_cost(1))

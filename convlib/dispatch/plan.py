@@ -159,10 +159,7 @@ def _human(nbytes: int) -> str:
 def check_result_fits(operation: str, problem: ConvProblem, target: ResolvedDevice) -> None:
     """A ``MemoryError`` naming the result's shape and bytes when it cannot fit in the memory the
     device has free (:meth:`~convlib.core.contracts.Backend.memory_available`)."""
-    shape = problem.output_shape
-    nbytes = problem.itemsize
-    for extent in shape:
-        nbytes *= extent
+    shape, nbytes = problem.output_shape, problem.output_bytes
     available = target.backend.memory_available(target.handle, nbytes)
     if available is not None and nbytes > available:
         raise MemoryError(

@@ -56,6 +56,18 @@ def algorithm_names(backend: str, operation: str = "conv2d") -> list[str]:
     return sorted(names, key=lambda a: ALGORITHM_NAMES.index(a) if a in ALGORITHM_NAMES else len(ALGORITHM_NAMES))
 
 
+def distinct_algorithm_names(backend: str, operation: str = "conv2d") -> list[str]:
+    """:func:`algorithm_names` with each implementation once: of two names served by the same
+    implementation (``winograd`` and ``winograd4``), the first is kept. Imports nothing."""
+    names, locations = [], set()
+    for algo in algorithm_names(backend, operation):
+        location = _IMPLEMENTATIONS[(operation, backend, algo)]
+        if location not in locations:
+            locations.add(location)
+            names.append(algo)
+    return names
+
+
 def entries(operation: str | None = None) -> list[tuple[str, str, str]]:
     """Every registered ``(operation, backend, algorithm)`` (of ``operation`` when given)."""
     keys = [k for k in _IMPLEMENTATIONS if operation is None or k[0] == operation]

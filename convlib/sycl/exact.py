@@ -72,7 +72,7 @@ def _any_nonfinite(flat):  # IN (n,) a host view of the result
 
 def has_nonfinite(y, queue) -> bool:
     """Whether the device array ``y`` holds an ``inf`` or ``NaN`` (waits for ``queue``): one
-    parallel pass on the host over a host-accessible result (a CPU device), else dpctl's
+    single-threaded pass on the host over a host-accessible result (a CPU device), else dpctl's
     precompiled reductions on the device."""
     queue.wait()
     view = host_view(y)

@@ -49,9 +49,7 @@ def batch_chunk(problem: ConvProblem) -> int:
 
 def workspace_bytes(problem: ConvProblem, device=None) -> int:
     """One batch chunk's column matrix plus the zero-padded copy of ``x`` (when padded)."""
-    p = problem
-    columns = batch_chunk(p) * p.C * p.R * p.S * p.P * p.Q * p.itemsize
-    return columns + padded_input_bytes(p)
+    return batch_chunk(problem) * problem.im2col_image_bytes + padded_input_bytes(problem)
 
 
 @functools.lru_cache(maxsize=None)
