@@ -38,9 +38,10 @@ packs all of B, which is small). Workspace: ``threads * (MC*KC + KC*NC + MR*NR)`
 :meth:`~convlib.cpu.tables.BlisBlocking.workspace_bytes` reports exactly what
 :func:`allocate_workspace` allocates.
 
-Compile cost: the driver is specialised (``lru_cache``) on the block sizes of
-:mod:`convlib.cpu.tables` and, through the array types, on the dtype; shapes, strides, padding,
-dilation and groups are run-time values, so a new problem shape costs nothing. Everything is
+Compile cost: the driver is specialised (``lru_cache``) on the register tile ``MR x NR`` of
+:mod:`convlib.cpu.tables` and, through the array types, on the dtype; the cache block sizes,
+shapes, strides, padding, dilation and groups are run-time values, so neither a new problem
+shape nor new block sizes (``python -m convlib.tune`` tries several) cost a compile. Everything is
 compiled with ``cache=True``. The micro-kernel and the A packer are generated
 (:mod:`convlib.cpu.codegen`) and compiled into, and cached with, the driver that calls them; a new
 process loads the driver from the disk cache (~1 s) instead of compiling it (~20-40 s per dtype
@@ -87,8 +88,13 @@ def supports(problem: ConvProblem) -> str | None:
 # The five loops
 # ------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def blis_kernel(MC: int, KC: int, NC: int, MR: int, NR: int):
-    """The jitted driver for one row of the block-size table (any dtype, any problem shape)."""
+def blis_kernel(MR: int, NR: int):
+    """The jitted driver for one register tile (any block sizes, dtype and problem shape).
+
+    Only the register tile is compiled in: the micro-kernel's loops are unrolled over it. The
+    cache block sizes ``MC`` and ``NC`` (and ``kc_step``) are run-time arguments, so that
+    ``python -m convlib.tune`` can try block sizes without a compile each (~20-40 s).
+    """
 
     @njit(parallel=True, cache=True)
     def blis_conv2d(
@@ -96,6 +102,7 @@ def blis_kernel(MC: int, KC: int, NC: int, MR: int, NR: int):
         w,  # IN  (K*C/groups*R*S,) flat
         bias, has_bias,  # IN  (K,) or a dummy when has_bias is False
         geo,  # IN  ConvGeometry
+        MC, NC,  # the ic and jc loops' steps (BlisBlocking)
         kc_step,  # the pc loop's step (<= KC), from BlisBlocking.panel_sizes
         m_parts, n_parts,  # the threads' grid over the (M x Ngemm) output of each group
         Ac_ws,  # SCRATCH (threads, >= mc*kc)
@@ -248,10 +255,10 @@ def run(problem: ConvProblem, x, w, bias, device=None):
     y = output_cache.empty(problem.y_shape, dtype)
     has_bias = bias is not None
     bias_arr = np.ascontiguousarray(bias, dtype) if has_bias else np.zeros(1, dtype)
-    kernel = blis_kernel(b.MC, b.KC, b.NC, b.MR, b.NR)
+    kernel = blis_kernel(b.MR, b.NR)
     kernel(
         np.ascontiguousarray(x, dtype).reshape(-1), np.ascontiguousarray(w, dtype).reshape(-1),
-        bias_arr, has_bias, geometry_of(problem), b.panel_sizes(problem)[1], m_parts, n_parts,
+        bias_arr, has_bias, geometry_of(problem), b.MC, b.NC, b.panel_sizes(problem)[1], m_parts, n_parts,
         *workspace.values(), y.reshape(-1),
     )
     return y
