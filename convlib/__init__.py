@@ -8,7 +8,8 @@
 
 Public names: :func:`conv2d`, :func:`choose_algorithm` (:class:`Choice`), :func:`algorithms`,
 :func:`devices`, :func:`build_problem` (:class:`ConvProblem`), :data:`options` and
-:func:`option_context`, :class:`BackendUnavailable`.
+:func:`option_context`, :class:`BackendUnavailable`, :func:`tune` (measure the CPU kernels'
+block sizes and ``auto``'s thresholds on this machine; also ``python -m convlib.tune``).
 """
 
 from .api import algorithms, build_problem, choose_algorithm, conv2d, devices
@@ -17,6 +18,7 @@ from .core.options import option_context, options
 from .core.problem import ConvProblem
 from .core.version import __version__
 from .dispatch.select import Choice
+from . import tune  # noqa: E402 -- a callable module: convlib.tune() tunes this machine's CPU kernels
 
 __all__ = ["conv2d", "algorithms", "devices", "choose_algorithm", "Choice", "ConvProblem", "build_problem",
-           "options", "option_context", "BackendUnavailable", "__version__"]
+           "options", "option_context", "BackendUnavailable", "tune", "__version__"]

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 from convlib.dispatch import registry
 from convlib.dispatch.devices import get_backend
+
+# The suite checks the built-in and machine-derived knob values, whatever profile
+# `python -m convlib.tune` left on this machine (tests/test_tune.py sets its own).
+os.environ.setdefault("CONVLIB_PROFILE", "off")
 
 
 def device_for(backend: str) -> str:

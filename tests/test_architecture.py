@@ -8,7 +8,7 @@ the bottom (docs/architecture.md):
 1. ``convlib.cpu``, ``convlib.sycl``, ``convlib.cuda`` -- the backends, which import only the
    core and themselves (never each other);
 2. ``convlib.dispatch`` -- devices, registry, selection, tuning, plans;
-3. ``convlib.api`` -- the public functions;
+3. ``convlib.api``, ``convlib.tune`` -- the public functions;
 4. ``convlib`` (its ``__init__``) -- the public names;
 5. ``convlib.bench``, ``convlib.testing`` -- tools on top.
 """
@@ -27,7 +27,7 @@ FLOORS = (
     (0, ("convlib.core",)),
     (1, ("convlib.cpu", "convlib.sycl", "convlib.cuda")),
     (2, ("convlib.dispatch",)),
-    (3, ("convlib.api",)),
+    (3, ("convlib.api", "convlib.tune")),
     (5, ("convlib.bench", "convlib.testing")),
 )
 BACKENDS = ("convlib.cpu", "convlib.sycl", "convlib.cuda")

@@ -22,6 +22,20 @@ read, or on :meth:`KnobTable.state` (the overrides in force, hashable): an overr
 meet a stale entry, and no cache needs clearing. Knobs baked into numba's on-disk kernel cache are
 marked ``compile_time``: they are documented here with the rest, but overriding them raises (edit
 the table and clear ``__pycache__`` instead).
+
+Where a value comes from
+------------------------
+A knob's value is looked up in four layers, the first that has it wins:
+
+1. an :meth:`~KnobTable.override` in force in this thread or task;
+2. the machine's **profile**: values ``python -m convlib.tune`` measured on this machine
+   (:meth:`KnobTable.apply_profile`; the CPU backend loads its profile on first use);
+3. the **machine-derived** defaults: values computed from what the machine reports, such as block
+   sizes scaled to its cache sizes (the table's ``derive`` hook, called once on first use);
+4. the table's built-in ``default``.
+
+For a keyed knob, layers 2 and 3 hold rows (``{key: value}``) merged over the default rows; an
+override still replaces every row. :meth:`KnobTable.source` says which layer a value came from.
 """
 
 from __future__ import annotations
@@ -29,7 +43,7 @@ from __future__ import annotations
 import contextlib
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 _MISSING = object()
 
@@ -73,10 +87,74 @@ class KnobTable:
     knobs : iterable of Knob
     """
 
-    def __init__(self, backend: str, knobs: Iterable[Knob]):
+    def __init__(self, backend: str, knobs: Iterable[Knob], *, derive: Callable[[], dict] | None = None,
+                 load_profile: Callable[[], dict] | None = None):
         self.backend = backend
         self._knobs = {k.name: k for k in knobs}
         self._overrides: ContextVar[dict] = ContextVar(f"convlib_{backend}_knobs", default={})
+        self._derive = derive
+        self._load_profile = load_profile
+        self._layers: dict | None = None  # {"derived": {...}, "profile": {...}} once resolved
+        self._base: dict = {}  # name -> value (or rows) after the profile and derived layers
+        self._generation = 0  # bumped when the profile changes (part of state())
+
+    # -- layers ------------------------------------------------------------------------------
+    def _resolved_base(self) -> dict:
+        if self._layers is None:
+            derived = self._checked_layer(self._derive() if self._derive else {}, "derived")
+            profile = self._checked_layer(self._load_profile() if self._load_profile else {}, "profile")
+            self._set_layers(derived, profile)
+        return self._base
+
+    def _checked_layer(self, values: dict, what: str) -> dict:
+        for name in values:
+            knob = self._knob(name)
+            if knob.compile_time:
+                raise ValueError(f"the {what} values of the {self.backend} backend set the compile-time knob {name!r}")
+            if knob.keyed_by and not isinstance(values[name], dict):
+                raise TypeError(f"the {what} value of keyed knob {name!r} must be a dict of rows")
+        return dict(values)
+
+    def _set_layers(self, derived: dict, profile: dict) -> None:
+        base = {}
+        for knob in self._knobs.values():
+            value = knob.default
+            for layer in (derived, profile):
+                if knob.name in layer:
+                    value = {**value, **layer[knob.name]} if knob.keyed_by else layer[knob.name]
+            base[knob.name] = value
+        # The base first: a reader in another thread takes ``_layers`` being set as the sign
+        # that ``_base`` is complete.
+        self._base = base
+        self._layers = {"derived": derived, "profile": profile}
+
+    def apply_profile(self, values: dict | None) -> None:
+        """Use ``values`` (knob name -> value; rows for a keyed knob) as this process' profile
+        layer from now on, in every thread; None or ``{}`` removes it. Caches keyed on
+        :meth:`state` see a new state."""
+        self._resolved_base()
+        self._set_layers(self._layers["derived"], self._checked_layer(values or {}, "profile"))
+        self._generation += 1
+
+    def profile(self) -> dict:
+        """The profile layer in use (empty when none)."""
+        self._resolved_base()
+        return dict(self._layers["profile"])
+
+    def source(self, name: str, key=None) -> str:
+        """Where the value of ``name`` (for ``key``, when keyed) comes from: ``"override"``,
+        ``"profile"``, ``"derived"`` or ``"default"``."""
+        knob = self._knob(name)
+        if name in self._overrides.get():
+            return "override"
+        self._resolved_base()
+        if knob.keyed_by:
+            key = self._row_key(knob, key)
+        for layer in ("profile", "derived"):
+            values = self._layers[layer]
+            if name in values and (not knob.keyed_by or key in values[name]):
+                return layer
+        return "default"
 
     # -- reading ---------------------------------------------------------------------------
     def __getattr__(self, name: str):
@@ -87,7 +165,15 @@ class KnobTable:
         if knob.keyed_by:
             raise TypeError(f"knob {name!r} is keyed by {knob.keyed_by}: use .lookup({name!r}, key)")
         value = self._overrides.get().get(name, _MISSING)
-        return knob.default if value is _MISSING else value
+        if value is not _MISSING:
+            return value
+        return (self._base if self._layers is not None else self._resolved_base())[name]
+
+    @staticmethod
+    def _row_key(knob: Knob, key):
+        if len(knob.keyed_by) == 1 and isinstance(key, tuple) and len(key) == 1:
+            return key[0]
+        return key
 
     def lookup(self, name: str, key):
         """The value of a keyed knob for ``key``: a tuple with one part per ``keyed_by`` entry
@@ -96,30 +182,42 @@ class KnobTable:
         value = self._overrides.get().get(name, _MISSING)
         if value is not _MISSING:
             return value
+        base = self._base if self._layers is not None else self._resolved_base()
         if not knob.keyed_by:
-            return knob.default
-        if len(knob.keyed_by) == 1 and isinstance(key, tuple) and len(key) == 1:
-            key = key[0]
+            return base[name]
+        key = self._row_key(knob, key)
         try:
-            return knob.default[key]
+            return base[name][key]
         except KeyError:
             parts = key if isinstance(key, tuple) else (key,)
             raise KeyError(f"knob {name!r} has no row for {dict(zip(knob.keyed_by, parts))}") from None
 
     def state(self) -> tuple:
-        """The overrides in force, as a hashable value (a cache key part)."""
-        return tuple(sorted(self._overrides.get().items()))
+        """The overrides in force and the profile's generation, as a hashable value (a cache key
+        part); ``()`` when nothing overrides the defaults."""
+        overrides = tuple(sorted(self._overrides.get().items()))
+        return overrides + ((("<profile>", self._generation),) if self._generation else ())
 
     def knobs(self) -> list[Knob]:
         """Every knob, in table order."""
         return list(self._knobs.values())
 
     def describe(self) -> str:
-        """One line per knob: name, current value (or the keyed rows) and what it does."""
+        """One line per knob: name, current value (or the keyed rows), where it comes from when
+        not the built-in default, and what it does."""
         lines = []
+        base = self._resolved_base()
         for knob in self._knobs.values():
-            value = self._overrides.get().get(knob.name, knob.default)
-            flag = " (compile-time)" if knob.compile_time else ""
+            overrides = self._overrides.get()
+            value = overrides.get(knob.name, base[knob.name])
+            flags = []
+            if knob.compile_time:
+                flags.append("compile-time")
+            if knob.name in overrides:
+                flags.append("override")
+            else:
+                flags += [layer for layer in ("profile", "derived") if knob.name in self._layers[layer]]
+            flag = f" ({', '.join(flags)})" if flags else ""
             lines.append(f"{knob.name} = {value!r}{flag}: {knob.doc}")
         return "\n".join(lines)
 

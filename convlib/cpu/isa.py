@@ -1,13 +1,15 @@
-"""What the CPU numba compiles for: its instruction set, its vector widths, its name.
+"""What the CPU numba compiles for: its instruction set, its vector widths, its caches, its name.
 
-The block tables of :mod:`convlib.cpu.tables` are keyed by what is read here. Everything is read
-once per process.
+The block tables of :mod:`convlib.cpu.tables` are keyed by what is read here, and its
+machine-derived block sizes are scaled to :func:`cache_sizes`. Everything is read once per process.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import platform
+from pathlib import Path
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,3 +67,76 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown cpu"
+
+
+#: What :func:`cache_sizes` assumes where the OS says nothing: a common x86 core of 2020-2025.
+FALLBACK_CACHES = {"L1d": 32 * 1024, "L2": 1024 * 1024, "L3": 8 * 1024 * 1024, "L3_cpus": 4}
+
+_SYSFS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+def _parse_size(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * scale
+
+
+def _cpu_count(cpu_list: str) -> int:
+    """CPUs in a sysfs list such as ``0-3,8-11``."""
+    count = 0
+    for part in cpu_list.strip().split(","):
+        lo, _, hi = part.partition("-")
+        count += int(hi or lo) - int(lo) + 1 if lo else 0
+    return count
+
+
+def _read_sysfs_caches(root: Path) -> dict:
+    caches = {}
+    for index in sorted(root.glob("index*")):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            size = _parse_size((index / "size").read_text())
+            shared = (index / "shared_cpu_list").read_text() if (index / "shared_cpu_list").exists() else "0"
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction":
+            continue
+        name = "L1d" if level == 1 else f"L{level}"
+        caches[name] = size
+        if level == 3:
+            caches["L3_cpus"] = max(1, _cpu_count(shared))
+    return caches
+
+
+def _read_sysconf_caches() -> dict:
+    caches = {}
+    for name, key in (("L1d", "SC_LEVEL1_DCACHE_SIZE"), ("L2", "SC_LEVEL2_CACHE_SIZE"),
+                      ("L3", "SC_LEVEL3_CACHE_SIZE")):
+        try:
+            value = os.sysconf(key)
+        except (ValueError, OSError, AttributeError):
+            continue
+        if value and value > 0:
+            caches[name] = int(value)
+    return caches
+
+
+@functools.lru_cache(maxsize=None)
+def cache_sizes(root: Path = _SYSFS_CACHE) -> dict:
+    """The data caches of one core, in bytes, as the OS reports them.
+
+    Returns ``{"L1d", "L2", "L3", "L3_cpus", "source"}``: the L1 data cache, L2 and L3 sizes of
+    CPU 0 (``L3`` is the whole shared cache, ``L3_cpus`` how many CPUs share it) and where they
+    were read (``"sysfs"`` on Linux, ``"sysconf"``, or ``"fallback"`` for values the OS did not
+    give: :data:`FALLBACK_CACHES`). A virtual machine reports what its hypervisor passes on.
+    """
+    found, source = _read_sysfs_caches(root), "sysfs"
+    if "L1d" not in found or "L2" not in found:
+        found, source = _read_sysconf_caches(), "sysconf"
+    if "L1d" not in found or "L2" not in found:
+        found, source = {}, "fallback"
+    caches = {**FALLBACK_CACHES, **found, "source": source}
+    if "L3" not in found:
+        caches["L3_cpus"] = FALLBACK_CACHES["L3_cpus"]
+    return caches

@@ -24,6 +24,13 @@ zmm accumulators for float32 (24 of the 32 for 6x64), NR/16 vector loads and MR 
 reduction step. The AVX-512 rows were measured on the Zen 5 measurement machine and the GPU
 machine's Xeon host, the AVX2 rows on the AVX2 development machine (docs/benchmarks.md).
 
+Those rows hold for the caches they were measured with (:data:`REFERENCE_CACHES`). On another
+machine :func:`machine_derived_knobs` scales them to the caches the OS reports
+(:func:`convlib.cpu.isa.cache_sizes`): KC with the L1 data cache (the ``MR x KC`` sliver of
+``Ac`` stays in L1), MC so that ``Ac`` and one ``KC x NR`` sliver of ``Bc`` keep the same share
+of L2, NC so that ``Bc`` keeps its size. ``python -m convlib.tune`` measures around them and
+stores what wins in the machine's profile (:mod:`convlib.cpu.profile`), which takes precedence.
+
 Direct register blocks
 ----------------------
 :class:`DirectBlocking` rows: ``KB`` output channels x ``QB`` wide output positions per register
@@ -36,7 +43,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.knobs import Knob, KnobTable
-from .isa import host_isa, loop_vector_bytes
+from .isa import cache_sizes, host_isa, loop_vector_bytes
+from .profile import load_profile_knobs
 
 
 @dataclass(frozen=True)
@@ -156,6 +164,66 @@ _DIRECT_BLOCKINGS = {
     ),
 }
 
+#: The caches the built-in rows and byte budgets were measured with, per instruction set: the
+#: AVX-512 rows on cores with a 48 KiB L1 data cache and a 1-2 MiB L2 (Zen 5, Sapphire Rapids),
+#: the AVX2 rows on a Zen 3 core (32 KiB, 512 KiB). The byte budgets of direct and depthwise
+#: (``direct_l2_input_budget``, ``depthwise_*_bytes``) were set on 32 KiB / 1 MiB cores.
+REFERENCE_CACHES = {
+    "avx512": {"L1d": 48 * 1024, "L2": 1024 * 1024},
+    "avx2": {"L1d": 32 * 1024, "L2": 512 * 1024},
+    "budgets": {"L1d": 32 * 1024, "L2": 1024 * 1024},
+}
+
+
+_DIRECT_L2_INPUT_BUDGET = 512 * 1024
+_DEPTHWISE_BAND_BYTES = 32 * 1024
+_DEPTHWISE_PLANE_MASK_BYTES = 256 * 1024
+
+
+def fit_blis_to_caches(row: BlisBlocking, itemsize: int, caches: dict, reference: dict) -> BlisBlocking:
+    """``row`` (measured with the caches ``reference``) rescaled to the caches ``caches``.
+
+    The register tile stays. KC scales with the L1 data cache (rounded down to 32, within
+    128..1024); MC keeps ``(MC + NR) * KC`` -- ``Ac`` plus one sliver of ``Bc`` -- the same share of
+    L2 (whole register tiles, at least 4); NC keeps ``KC * NC``, the size of ``Bc`` (whole tiles,
+    at least 4). With ``caches == reference`` the row comes back unchanged.
+    """
+    kc = min(1024, max(128, row.KC * caches["L1d"] // reference["L1d"] // 32 * 32))
+    if caches["L1d"] == reference["L1d"]:
+        kc = row.KC
+    mc = (row.MC + row.NR) * row.KC * caches["L2"] // (reference["L2"] * kc) - row.NR
+    mc = max(4 * row.MR, mc // row.MR * row.MR)
+    nc = max(4 * row.NR, row.NC * row.KC // kc // row.NR * row.NR)
+    return BlisBlocking(MC=mc, KC=kc, NC=nc, MR=row.MR, NR=row.NR)
+
+
+def machine_derived_knobs(caches: dict | None = None) -> dict:
+    """The knob values this machine's caches imply (the knob table's derived layer).
+
+    ``caches`` defaults to :func:`convlib.cpu.isa.cache_sizes`. Byte budgets keep their ratio to
+    the cache they are meant for; BLIS rows are rescaled by :func:`fit_blis_to_caches`.
+    """
+    caches = cache_sizes() if caches is None else caches
+    budgets = REFERENCE_CACHES["budgets"]
+    return {
+        "blis_blocking": {
+            (isa, dtype): fit_blis_to_caches(row, 4 if dtype == "float32" else 8, caches, REFERENCE_CACHES[isa])
+            for (isa, dtype), row in _BLIS_BLOCKING.items()
+        },
+        "direct_l2_input_budget": _DIRECT_L2_INPUT_BUDGET * caches["L2"] // budgets["L2"],
+        "depthwise_band_bytes": _DEPTHWISE_BAND_BYTES * caches["L1d"] // budgets["L1d"],
+        "depthwise_plane_mask_bytes": _DEPTHWISE_PLANE_MASK_BYTES * caches["L2"] // budgets["L2"],
+    }
+
+
+#: The dataclasses knob values are made of (what a profile may hold).
+VALUE_TYPES = {"BlisBlocking": BlisBlocking, "DirectBlocking": DirectBlocking}
+
+
+def _load_profile() -> dict:
+    return load_profile_knobs(KNOBS.knobs(), VALUE_TYPES)
+
+
 KNOBS = KnobTable("cpu", [
     # -- blis ------------------------------------------------------------------------------
     Knob("blis_blocking", _BLIS_BLOCKING, "BLIS block sizes MC, KC, NC and register tile MR x NR "
@@ -171,18 +239,32 @@ KNOBS = KnobTable("cpu", [
     # -- direct ----------------------------------------------------------------------------
     Knob("direct_blockings", _DIRECT_BLOCKINGS, "candidate register blocks of direct "
          "(DirectBlocking rows), per loop-vectoriser width and dtype", keyed_by=("isa", "dtype")),
-    Knob("direct_l2_input_budget", 512 * 1024, "input bytes one direct work item's chunk of positions may "
+    Knob("direct_l2_input_budget", _DIRECT_L2_INPUT_BUDGET, "input bytes one direct work item's chunk of positions may "
          "read: about half of a 1 MB L2, leaving the rest to the weights streaming past"),
     Knob("direct_serial_below_flops", 10_000_000, "direct problems with fewer FLOPs (~0.2 ms on one core) "
          "run on one thread: waking the others costs more than it saves"),
     # -- depthwise -------------------------------------------------------------------------
-    Knob("depthwise_band_bytes", 32 * 1024, "bytes of a depthwise band's gathered input (its phase planes): "
+    Knob("depthwise_band_bytes", _DEPTHWISE_BAND_BYTES, "bytes of a depthwise band's gathered input (its phase planes): "
          "about an L1 data cache, so the R*S shifted runs of every tap are read from L1"),
-    Knob("depthwise_plane_mask_bytes", 256 * 1024, "largest tap masks (R*S bytes per output position) of "
+    Knob("depthwise_plane_mask_bytes", _DEPTHWISE_PLANE_MASK_BYTES, "largest tap masks (R*S bytes per output position) of "
          "depthwise's whole-plane way; past it, bands: the masks are read once per plane and should stay in L2"),
     Knob("depthwise_gather_bytes", 8 * 1024, "largest phase buffer (one whole plane, de-interleaved) of "
          "depthwise's gathered way; past it, bands. Its masked gathers beat the bands' short row copies on "
          "MobileNetV2's 14x14/2 planes (1.8x) and tie on 28x28/2; on 56x56/2 the bands were 1.3x faster"),
+    # -- auto (the CPU rules of convlib.dispatch.select) ---------------------------------------
+    Knob("auto_depthwise_max_taps", 25, "auto runs depthwise for groups == C up to this many taps R*S "
+         "(AVX-512: its unrolled 7x7 taps ran 6x slower than direct on 2048^2 filters)"),
+    Knob("auto_thin_filters", 16, "auto runs direct below this many filters per group (GEMM M): too thin "
+         "a GEMM to amortise packing"),
+    Knob("auto_thin_reduction", 32, "auto runs direct below this reduction C/groups*R*S (GEMM K)"),
+    Knob("auto_winograd_min_channels", 32, "auto runs winograd on 3x3 stride-1 layers with at least this "
+         "many input and output channels per group"),
+    Knob("auto_winograd_min_pixels", 256, "... and at least this many output pixels (GEMM N) to amortise "
+         "the filter transform"),
+    Knob("auto_direct_max_filters", 256, "auto prefers direct over blis (not pointwise layers) up to this "
+         "many filters per group ..."),
+    Knob("auto_direct_max_reduction", 512, "... and up to this reduction: packing B costs blis more than "
+         "direct's re-reads of the image (ResNet-50's stem)"),
     # -- winograd --------------------------------------------------------------------------
     Knob("winograd_chunk_bytes", 4 * 2**20, "target bytes of one chunk's transformed input plus GEMM output "
          "(V + M): a few MB, so both stay in the last-level cache between the three passes"),
@@ -195,7 +277,7 @@ KNOBS = KnobTable("cpu", [
     Knob("winograd_parts_per_thread", 4, "work parts per thread in the transforms", compile_time=True),
     Knob("winograd_pass_block", 64, "columns a 1-D transform pass computes into its stack buffer before "
          "storing them", compile_time=True),
-])
+], derive=machine_derived_knobs, load_profile=_load_profile)
 
 
 def blis_blocking(dtype: str) -> BlisBlocking:

@@ -36,20 +36,20 @@ class Choice:
     timings: dict = field(default_factory=dict, compare=False)
 
 
-def _is_thin(problem: ConvProblem) -> bool:
+def _is_thin(problem: ConvProblem, filters: int = 16, reduction: int = 32) -> bool:
     # Few filters or a short reduction: the GEMM is too thin to amortise packing, and the problem
     # is bound by memory traffic, which direct convolution keeps near its floor (x read once per
     # block of output channels, y written once). The seed thesis' C=K=4 images and depthwise
     # layers are here; ResNet's 1x1 64->64 (reduction 64) is not: blis beat direct 1.7x there.
-    return problem.gemm_m < 16 or problem.gemm_k < 32
+    return problem.gemm_m < filters or problem.gemm_k < reduction
 
 
-def _winograd_pays(problem: ConvProblem) -> bool:
+def _winograd_pays(problem: ConvProblem, channels: int = 32, pixels: int = 256) -> bool:
     # Measured on ResNet-50 v1.5's 3x3 stride-1 layers at batch 8 (docs/benchmarks.md): F(4x4,3x3)
     # beat the best GEMM-based algorithm by 1.3-2x. It needs enough channels for the GEMMs to
     # dominate the transforms, and enough tiles to amortise the filter transform.
-    return (problem.is_winograd_shape and problem.C_per_group >= 32 and problem.K_per_group >= 32
-            and problem.gemm_n >= 256)
+    return (problem.is_winograd_shape and problem.C_per_group >= channels and problem.K_per_group >= channels
+            and problem.gemm_n >= pixels)
 
 
 def _is_pointwise(problem: ConvProblem) -> bool:
@@ -58,21 +58,26 @@ def _is_pointwise(problem: ConvProblem) -> bool:
 
 
 def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
+    # The thresholds are knobs of the CPU table (auto_*): built-in values measured on this
+    # project's benchmarks, or this machine's profile (python -m convlib.tune fits them).
+    from ..cpu.tables import KNOBS
+
     # Measured (AVX-512, 2 threads): depthwise beat direct 1.7x on 3x3 single-channel 2048^2 filters,
     # 1.3x on 5x5 and MobileNetV2's layers 1.7-3x; on 7x7 its unrolled taps lose (6x slower than direct).
-    if problem.groups == problem.C and problem.R * problem.S <= 25:
+    if problem.groups == problem.C and problem.R * problem.S <= KNOBS.auto_depthwise_max_taps:
         return [("depthwise", "depthwise: one input channel per output plane, streamed once (memory-bound)")]
-    if _is_thin(problem):
+    if _is_thin(problem, KNOBS.auto_thin_filters, KNOBS.auto_thin_reduction):
         return [("direct", f"thin GEMM (M={problem.gemm_m}, K={problem.gemm_k}): memory-bound, "
                            "direct streams the image once")]
     rules = []
-    if _winograd_pays(problem):
+    if _winograd_pays(problem, KNOBS.auto_winograd_min_channels, KNOBS.auto_winograd_min_pixels):
         rules.append(("winograd", "3x3 stride-1 layer with many channels: F(4x4,3x3) does 4x fewer multiplications"))
     # Measured on ResNet-50 v1.5 at batch 8 (docs/benchmarks.md): blis wins every pointwise (1x1,
     # stride-1, unpadded) layer, whose packing is a plain copy of channel rows. Elsewhere, with at
     # most 256 filters per group and a reduction of at most 512, packing B costs blis more than
     # direct's re-reads of the image (the stem); past that, blis' register blocking wins.
-    if not _is_pointwise(problem) and problem.K_per_group <= 256 and problem.gemm_k <= 512:
+    if (not _is_pointwise(problem) and problem.K_per_group <= KNOBS.auto_direct_max_filters
+            and problem.gemm_k <= KNOBS.auto_direct_max_reduction):
         rules.append(("direct", "few filters and a short reduction: direct beats packing for a GEMM"))
     rules.append(("blis", "GEMM-shaped problem: the packed BLIS GEMM reads the image directly, with bounded workspace"))
     return rules
@@ -104,7 +109,9 @@ def _cuda_rules(problem: ConvProblem) -> list[tuple[str, str]]:
 _RULES = {"cpu": _cpu_rules, "sycl": _sycl_rules, "cuda": _cuda_rules}
 
 
-def _cost_model(problem: ConvProblem, backend: str, candidates: list[str]) -> tuple[str, str]:
+def rule_choice(problem: ConvProblem, backend: str, candidates: list[str]) -> tuple[str, str]:
+    """``(algorithm, reason)`` by the backend's rules alone: the first rule whose algorithm is
+    among ``candidates`` (what ``auto`` runs when nothing was measured for ``problem``)."""
     for algo, why in _RULES.get(backend, lambda p: [])(problem):
         if algo in candidates:
             return algo, why
@@ -125,5 +132,5 @@ def choose(operation: str, problem: ConvProblem, target: ResolvedDevice) -> Choi
     if remembered is not None and remembered["algo"] in candidates:
         return Choice(remembered["algo"], "measured fastest on this machine (tuning cache)",
                       tuple(candidates), dict(remembered.get("timings", {})))
-    algo, reason = _cost_model(problem, backend, candidates)
+    algo, reason = rule_choice(problem, backend, candidates)
     return Choice(algo, reason, tuple(candidates))
