@@ -247,3 +247,26 @@ def test_winograd_rates_above_the_fma_peak_are_not_a_ceiling_warning():
     records.append(dict(base, name="blis", frac_fma_peak=1.2))
     (warning,) = warnings_for(records, ceilings)
     assert warning.startswith("1 rate(s) exceed the measured FMA peak")
+
+
+def test_asm_check_finds_the_hot_loop_and_counts_it():
+    from convlib.bench.asm_check import hot_loop, loop_summary
+
+    asm = """
+    entry:
+        movq 8(%rsp), %rax
+    .LBB0_1:
+        vbroadcastss (%rdi), %zmm0
+        vmovups (%rsi), %zmm1
+        vfmadd231ps %zmm0, %zmm1, %zmm2
+        vfmadd231ps %zmm0, %zmm3, %zmm4
+        vfmadd231ps (%rdx){1to16}, %zmm1, %zmm5
+        addq $4, %rdi
+        jne .LBB0_1
+        vmovups %zmm2, 16(%rsp)
+        vfmadd231ps %zmm6, %zmm6, %zmm7
+    """
+    block = hot_loop(asm)
+    assert block[-1].startswith("jne") and len(block) == 7  # the loop body, not what follows its branch
+    assert loop_summary(block) == {"width": "zmm:3", "fma": 3, "acc": 3, "bcast separate": 1, "bcast folded": 1,
+                                   "loads": 1, "stack": 0}

@@ -51,18 +51,23 @@ def _cpuinfo() -> dict:
 
 
 def _cache_sizes() -> dict:
-    """Per-level cache sizes of CPU 0 as the kernel reports them (``{"L1d": "32K", ...}``)."""
-    sizes = {}
-    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
-        try:
-            level = (index / "level").read_text().strip()
-            kind = (index / "type").read_text().strip()
-            size = (index / "size").read_text().strip()
-        except OSError:
-            continue
-        suffix = {"Data": "d", "Instruction": "i"}.get(kind, "")
-        sizes[f"L{level}{suffix}"] = size
-    return sizes
+    """Cache sizes of CPU 0 in bytes, as :func:`convlib.cpu.isa.cache_sizes` reads them."""
+    from ..cpu.isa import cache_sizes
+
+    return dict(cache_sizes())
+
+
+def _cpu_knobs() -> dict:
+    """What the CPU kernels run with: the tuned profile (if any) and the BLIS blocking in force."""
+    from ..cpu.profile import profile_path
+    from ..cpu.tables import KNOBS, blis_blocking
+
+    profile = KNOBS.profile()
+    return {
+        "profile": str(profile_path()) if profile else None,
+        "profile_knobs": {name: repr(value) for name, value in profile.items()},
+        "blis_blocking_float32": repr(blis_blocking("float32")),
+    }
 
 
 def _mem_total_gib() -> float | None:
@@ -129,7 +134,8 @@ def describe() -> dict:
         ``cpu`` (model, vendor, flags of :data:`CPU_FLAGS`, logical CPUs, CPUs this process may
         use, caches, LLVM's name for the CPU), ``memory_gib``, ``platform``, ``python``,
         ``versions`` (numba, llvmlite, numpy, scipy, torch, convlib, ...), ``numba`` (threading
-        layer, threads), ``torch`` (threads), ``numpy_blas``, ``env`` (variables whose names
+        layer, threads), ``cpu_knobs`` (the tuned profile in use, if any, and the BLIS blocking),
+        ``torch`` (threads), ``numpy_blas``, ``env`` (variables whose names
         start with one of :data:`ENV_PREFIXES`), ``git``, ``date`` and ``load_average``.
     """
     import numba
@@ -169,6 +175,7 @@ def describe() -> dict:
             "num_threads": numba.get_num_threads(),
             "NUMBA_NUM_THREADS": numba.config.NUMBA_NUM_THREADS,
         },
+        "cpu_knobs": _cpu_knobs(),
         "torch": _torch_facts(),
         "numpy_blas": _numpy_blas(),
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
