@@ -236,6 +236,9 @@ def depthwise_kernel(R: int, S: int, dtype: str):
                 start[r * S + s] = (a * npw + b) * plane_size + ((r * dil_h) // stride_h) * Ws + (s * dil_w) // stride_w
         bands = (P + rows - 1) // rows
         items = N * K * bands
+        # Column stride 2 without column dilation: both column phases come from one pass over each
+        # input row (even and odd columns, a vectorised de-interleave), not two strided copies.
+        pair_columns = stride_w == 2 and dil_w == 1
         parts = max(1, min(items, 4 * threads))
         # Flat views made once: a view of x or y made inside the loops would touch their shared
         # reference counts, atomically, from every thread.
@@ -264,9 +267,12 @@ def depthwise_kernel(R: int, S: int, dtype: str):
                 # Gather the band's phase planes: row i of phase (a, b) is padded input row
                 # (p0 + i)*sh + a, its column j padded input column j*sw + b (zero outside x).
                 src_plane = uintp((n * C + c) * H * W)
+                if pair_columns:
+                    _deinterleave_pairs(xf, src_plane, H, W, top, left, p0, pb + extra, stride_h, nph, Ws,
+                                        plane_size, buf)
                 for a in range(nph):
                     for b in range(npw):
-                        if not used[a * npw + b]:
+                        if pair_columns or not used[a * npw + b]:
                             continue
                         base = (a * npw + b) * plane_size
                         j_lo = min(Ws, max(0, (left - b + stride_w - 1) // stride_w))
@@ -311,6 +317,48 @@ def depthwise_kernel(R: int, S: int, dtype: str):
                         yf[dst + q] = wide[src_row + q]
 
     return depthwise_conv
+
+
+@njit(inline="always")
+def _deinterleave_pairs(xf, src_plane, H, W, top, left, p0, band_rows, stride_h, nph, Ws, plane_size, buf):
+    """A band's phase planes at column stride 2: input column ``col`` goes to column phase
+    ``(col + left) % 2`` at ``(col + left) // 2``; each input row is read once, two columns at a
+    time (an interleaved load LLVM vectorises), padding columns and rows written as zeros."""
+    half = W // 2
+    even_phase, odd_phase = left % 2, (left + 1) % 2  # where input columns 2m and 2m + 1 go
+    even_at, odd_at = left // 2, (left + 1) // 2  # ... at phase columns m + even_at, m + odd_at
+    for a in range(nph):
+        for i in range(band_rows):
+            h = (p0 + i) * stride_h + a - top
+            even_row = uintp((a * 2 + even_phase) * plane_size + i * Ws)
+            odd_row = uintp((a * 2 + odd_phase) * plane_size + i * Ws)
+            if h < 0 or h >= H:
+                for j in range(uintp(Ws)):
+                    buf[even_row + j] = 0
+                    buf[odd_row + j] = 0
+                continue
+            # Phase columns before the image, and after the last input column a phase row holds,
+            # are padding. (Input columns past Ws * 2 serve no output and are not read.)
+            n_even = min(half + W % 2, Ws - even_at)
+            n_odd = min(half, Ws - odd_at)
+            for j in range(uintp(even_at)):
+                buf[even_row + j] = 0
+            for j in range(uintp(odd_at)):
+                buf[odd_row + j] = 0
+            src = src_plane + uintp(h * W)
+            e0, o0 = even_row + uintp(even_at), odd_row + uintp(odd_at)
+            pairs = min(n_even, n_odd)
+            for m in range(uintp(pairs)):
+                buf[e0 + m] = xf[src + 2 * m]
+                buf[o0 + m] = xf[src + 2 * m + 1]
+            for m in range(uintp(pairs), uintp(n_even)):
+                buf[e0 + m] = xf[src + 2 * m]
+            for m in range(uintp(pairs), uintp(n_odd)):
+                buf[o0 + m] = xf[src + 2 * m + 1]
+            for j in range(uintp(even_at + n_even), uintp(Ws)):
+                buf[even_row + j] = 0
+            for j in range(uintp(odd_at + n_odd), uintp(Ws)):
+                buf[odd_row + j] = 0
 
 
 @functools.lru_cache(maxsize=None)
