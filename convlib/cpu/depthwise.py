@@ -53,6 +53,7 @@ from numba import get_num_threads, njit, prange
 
 from ..core import output_cache
 from ..core.problem import ConvProblem
+from .intrinsics import deinterleave_vector, vector_lanes
 from .stack_buffer import stack_array_1d
 from .tables import KNOBS
 
@@ -237,7 +238,7 @@ def depthwise_kernel(R: int, S: int, dtype: str):
         bands = (P + rows - 1) // rows
         items = N * K * bands
         # Column stride 2 without column dilation: both column phases come from one pass over each
-        # input row (even and odd columns, a vectorised de-interleave), not two strided copies.
+        # input row (even and odd columns, a vector de-interleave), not two scalar strided copies.
         pair_columns = stride_w == 2 and dil_w == 1
         parts = max(1, min(items, 4 * threads))
         # Flat views made once: a view of x or y made inside the loops would touch their shared
@@ -323,7 +324,8 @@ def depthwise_kernel(R: int, S: int, dtype: str):
 def _deinterleave_pairs(xf, src_plane, H, W, top, left, p0, band_rows, stride_h, nph, Ws, plane_size, buf):
     """A band's phase planes at column stride 2: input column ``col`` goes to column phase
     ``(col + left) % 2`` at ``(col + left) // 2``; each input row is read once, two columns at a
-    time (an interleaved load LLVM vectorises), padding columns and rows written as zeros."""
+    time (:func:`~convlib.cpu.intrinsics.deinterleave_vector`: two loads, two shuffles, two
+    stores per 32 bytes of each phase), padding columns and rows written as zeros."""
     half = W // 2
     even_phase, odd_phase = left % 2, (left + 1) % 2  # where input columns 2m and 2m + 1 go
     even_at, odd_at = left // 2, (left + 1) // 2  # ... at phase columns m + even_at, m + odd_at
@@ -348,7 +350,11 @@ def _deinterleave_pairs(xf, src_plane, H, W, top, left, p0, band_rows, stride_h,
             src = src_plane + uintp(h * W)
             e0, o0 = even_row + uintp(even_at), odd_row + uintp(odd_at)
             pairs = min(n_even, n_odd)
-            for m in range(uintp(pairs)):
+            lanes = vector_lanes(buf)
+            whole = pairs // lanes * lanes
+            for m in range(0, whole, lanes):
+                deinterleave_vector(buf, e0 + uintp(m), o0 + uintp(m), xf, src + uintp(2 * m))
+            for m in range(uintp(whole), uintp(pairs)):
                 buf[e0 + m] = xf[src + 2 * m]
                 buf[o0 + m] = xf[src + 2 * m + 1]
             for m in range(uintp(pairs), uintp(n_even)):

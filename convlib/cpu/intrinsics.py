@@ -13,7 +13,7 @@ Two families:
   :func:`vector_fma`, :func:`vector_add_into`, :func:`vector_store_plus`,
   :func:`vector_store_split`, and :func:`prefetch_for_write`;
 * 32-byte vectors for the packing routines: :func:`copy_vector`, :func:`copy_vector_stride2`,
-  :func:`zero_vector` and :func:`vector_lanes` (elements per 32 bytes, a compile-time constant).
+  :func:`deinterleave_vector`, :func:`zero_vector` and :func:`vector_lanes` (elements per 32 bytes, a compile-time constant).
 """
 
 from __future__ import annotations
@@ -255,6 +255,30 @@ def copy_vector_stride2(typingctx, dst, dst_index, src, src_index):
         return context.get_dummy_value()
 
     return types.void(dst, dst_index, src, src_index), codegen
+
+
+@intrinsic
+def deinterleave_vector(typingctx, dst, even_index, odd_index, src, src_index):
+    """``dst[even_index : +V] = src[src_index : +2*V : 2]`` and ``dst[odd_index : +V] =
+    src[src_index + 1 : +2*V : 2]``, V = 32 bytes of elements: two vector loads, two shuffles,
+    two stores (no bounds check). A stride-2 depthwise band splits each input row into its two
+    column phases with it; the plain loop stayed scalar (two store streams into one array)."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.dtype == src.dtype):
+        return None
+
+    def codegen(context, builder, signature, args):
+        lanes = _packing_lanes(context, signature.args[0])
+        even, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], lanes)
+        odd, _, _ = _vector_at(context, builder, signature.args[0], args[0], args[2], lanes)
+        s_, _, _ = _vector_at(context, builder, signature.args[3], args[3], args[4], lanes)
+        low = builder.load(s_, align=align)
+        high = builder.load(builder.gep(s_, [ir.Constant(ir.IntType(64), 1)]), align=align)
+        for target, first in ((even, 0), (odd, 1)):
+            picks = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [2 * i + first for i in range(lanes)])
+            builder.store(builder.shuffle_vector(low, high, picks), target, align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, even_index, odd_index, src, src_index), codegen
 
 
 @intrinsic
