@@ -32,7 +32,9 @@ table picks the outputs. On small strided planes this beats the bands' many shor
 (tens of KB: it stays in L1/L2), with the zero padding its taps read and, at a stride, split into
 the stride's phases (de-interleaved: phase ``(a, b)`` holds rows ``a, a + sh, ...`` and columns
 ``b, b + sw, ...``), as in :mod:`convlib.cpu.direct`'s source planes but one band at a time: no
-padded copy of the tensor exists. In that buffer every tap ``(r, s)`` is a plain shift, so the
+padded copy of the tensor exists. At column stride 2 (MobileNet's stride-2 layers) one pass of
+vector loads and shuffles splits each input row into both column phases
+(:func:`_deinterleave_pairs`). In that buffer every tap ``(r, s)`` is a plain shift, so the
 band's outputs are computed along *wide rows* (pitch ``Ws``, the columns past ``Q`` computed and
 dropped): one long contiguous run per tap however narrow the image (a 7x7 plane is one run of 61
 positions, not seven of 7). All ``R*S`` taps are unrolled (``R`` and ``S`` are compile-time
