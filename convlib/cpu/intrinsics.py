@@ -235,6 +235,19 @@ def copy_vector(typingctx, dst, dst_index, src, src_index):
     return types.void(dst, dst_index, src, src_index), codegen
 
 
+def _two_vectors(builder, pointer, align):
+    """The vector at ``pointer`` and the one after it (2*V consecutive elements)."""
+    low = builder.load(pointer, align=align)
+    high = builder.load(builder.gep(pointer, [ir.Constant(ir.IntType(64), 1)]), align=align)
+    return low, high
+
+
+def _every_other_lane(builder, low, high, lanes, first):
+    """Lanes ``first, first + 2, ...`` of ``low`` followed by ``high``: one shuffle."""
+    picks = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [2 * i + first for i in range(lanes)])
+    return builder.shuffle_vector(low, high, picks)
+
+
 @intrinsic
 def copy_vector_stride2(typingctx, dst, dst_index, src, src_index):
     """``dst[dst_index : dst_index + V] = src[src_index : src_index + 2*V : 2]``, V = 32 bytes of
@@ -248,10 +261,8 @@ def copy_vector_stride2(typingctx, dst, dst_index, src, src_index):
         lanes = _packing_lanes(context, signature.args[0])
         d, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], lanes)
         s_, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], lanes)
-        low = builder.load(s_, align=align)
-        high = builder.load(builder.gep(s_, [ir.Constant(ir.IntType(64), 1)]), align=align)
-        evens = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [2 * i for i in range(lanes)])
-        builder.store(builder.shuffle_vector(low, high, evens), d, align=align)
+        low, high = _two_vectors(builder, s_, align)
+        builder.store(_every_other_lane(builder, low, high, lanes, 0), d, align=align)
         return context.get_dummy_value()
 
     return types.void(dst, dst_index, src, src_index), codegen
@@ -271,11 +282,9 @@ def deinterleave_vector(typingctx, dst, even_index, odd_index, src, src_index):
         even, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], lanes)
         odd, _, _ = _vector_at(context, builder, signature.args[0], args[0], args[2], lanes)
         s_, _, _ = _vector_at(context, builder, signature.args[3], args[3], args[4], lanes)
-        low = builder.load(s_, align=align)
-        high = builder.load(builder.gep(s_, [ir.Constant(ir.IntType(64), 1)]), align=align)
+        low, high = _two_vectors(builder, s_, align)
         for target, first in ((even, 0), (odd, 1)):
-            picks = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [2 * i + first for i in range(lanes)])
-            builder.store(builder.shuffle_vector(low, high, picks), target, align=align)
+            builder.store(_every_other_lane(builder, low, high, lanes, first), target, align=align)
         return context.get_dummy_value()
 
     return types.void(dst, even_index, odd_index, src, src_index), codegen

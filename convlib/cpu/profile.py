@@ -21,13 +21,13 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 import time
 import warnings
 from pathlib import Path
 
-from ..core.version import __version__
+from ..core.cache_files import cache_root, write_json_atomically
 from ..core.knobs import Knob
+from ..core.version import __version__
 from .isa import cache_sizes, cpu_model, host_isa, loop_vector_bytes
 
 #: Bumped when the file's layout changes; files of another format are ignored.
@@ -59,10 +59,7 @@ def machine_identity() -> dict:
 
 def profile_dir() -> Path:
     """The folder of the profiles (beside the tuning cache of :mod:`convlib.dispatch.tuning`)."""
-    root = os.environ.get("CONVLIB_CACHE_DIR")
-    if root is None:
-        root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "convlib"
-    return Path(root) / "profiles"
+    return cache_root() / "profiles"
 
 
 def profile_path(identity: dict | None = None) -> Path | None:
@@ -203,9 +200,5 @@ def save_profile(values: dict, measurements: dict, *, table: tuple[list[Knob], d
         "knobs": encode_knobs(values), "measurements": measurements,
     }
     decode_knobs(payload["knobs"], *table)  # what is written must read back
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".profile-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    write_json_atomically(path, payload)
     return path

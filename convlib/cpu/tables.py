@@ -189,8 +189,6 @@ def fit_blis_to_caches(row: BlisBlocking, itemsize: int, caches: dict, reference
     at least 4). With ``caches == reference`` the row comes back unchanged.
     """
     kc = min(1024, max(128, row.KC * caches["L1d"] // reference["L1d"] // 32 * 32))
-    if caches["L1d"] == reference["L1d"]:
-        kc = row.KC
     mc = (row.MC + row.NR) * row.KC * caches["L2"] // (reference["L2"] * kc) - row.NR
     mc = max(4 * row.MR, mc // row.MR * row.MR)
     nc = max(4 * row.NR, row.NC * row.KC // kc // row.NR * row.NR)

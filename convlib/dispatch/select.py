@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.problem import ConvProblem
+from ..cpu.tables import KNOBS as CPU_KNOBS
 from . import registry, tuning
 from .devices import ResolvedDevice
 
@@ -60,24 +61,22 @@ def _is_pointwise(problem: ConvProblem) -> bool:
 def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # The thresholds are knobs of the CPU table (auto_*): built-in values measured on this
     # project's benchmarks, or this machine's profile (python -m convlib.tune fits them).
-    from ..cpu.tables import KNOBS
-
     # Measured (AVX-512, 2 threads): depthwise beat direct 1.7x on 3x3 single-channel 2048^2 filters,
     # 1.3x on 5x5 and MobileNetV2's layers 1.7-3x; on 7x7 its unrolled taps lose (6x slower than direct).
-    if problem.groups == problem.C and problem.R * problem.S <= KNOBS.auto_depthwise_max_taps:
+    if problem.groups == problem.C and problem.R * problem.S <= CPU_KNOBS.auto_depthwise_max_taps:
         return [("depthwise", "depthwise: one input channel per output plane, streamed once (memory-bound)")]
-    if _is_thin(problem, KNOBS.auto_thin_filters, KNOBS.auto_thin_reduction):
+    if _is_thin(problem, CPU_KNOBS.auto_thin_filters, CPU_KNOBS.auto_thin_reduction):
         return [("direct", f"thin GEMM (M={problem.gemm_m}, K={problem.gemm_k}): memory-bound, "
                            "direct streams the image once")]
     rules = []
-    if _winograd_pays(problem, KNOBS.auto_winograd_min_channels, KNOBS.auto_winograd_min_pixels):
+    if _winograd_pays(problem, CPU_KNOBS.auto_winograd_min_channels, CPU_KNOBS.auto_winograd_min_pixels):
         rules.append(("winograd", "3x3 stride-1 layer with many channels: F(4x4,3x3) does 4x fewer multiplications"))
     # Measured on ResNet-50 v1.5 at batch 8 (docs/benchmarks.md): blis wins every pointwise (1x1,
     # stride-1, unpadded) layer, whose packing is a plain copy of channel rows. Elsewhere, with at
     # most 256 filters per group and a reduction of at most 512, packing B costs blis more than
     # direct's re-reads of the image (the stem); past that, blis' register blocking wins.
-    if (not _is_pointwise(problem) and problem.K_per_group <= KNOBS.auto_direct_max_filters
-            and problem.gemm_k <= KNOBS.auto_direct_max_reduction):
+    if (not _is_pointwise(problem) and problem.K_per_group <= CPU_KNOBS.auto_direct_max_filters
+            and problem.gemm_k <= CPU_KNOBS.auto_direct_max_reduction):
         rules.append(("direct", "few filters and a short reduction: direct beats packing for a GEMM"))
     rules.append(("blis", "GEMM-shaped problem: the packed BLIS GEMM reads the image directly, with bounded workspace"))
     return rules

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import tempfile
 import warnings
 from dataclasses import asdict
 from pathlib import Path
 
+from ..core.cache_files import cache_root, write_json_atomically
 from ..core.version import __version__
 
 #: Version 2: keys hold the device identity and the operation (version 1 keyed a device by
@@ -35,10 +34,7 @@ FORMAT_VERSION = 2
 
 def cache_path() -> Path:
     """Where measured choices are kept."""
-    root = os.environ.get("CONVLIB_CACHE_DIR")
-    if root is None:
-        root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "convlib"
-    return Path(root) / "tuning.json"
+    return cache_root() / "tuning.json"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -103,10 +99,6 @@ def store(key: str, algo: str, timings: dict[str, float]) -> None:
     entries[key] = entry
     payload = {"format": FORMAT_VERSION, "convlib": __version__, "entries": entries}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tuning-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        write_json_atomically(path, payload)
     except OSError as exc:
         warnings.warn(f"convlib: could not write tuning cache {path}: {exc}", RuntimeWarning, stacklevel=2)
