@@ -1,5 +1,6 @@
-"""The public entry points: :func:`conv2d`, :func:`choose_algorithm`, :func:`algorithms`,
-:func:`devices` and :func:`build_problem`.
+"""The public entry points: :func:`conv2d`, its backward passes (:func:`conv2d_backward_data`,
+:func:`conv2d_backward_weight`, :func:`conv2d_backward_bias`), :func:`conv_transpose2d`,
+:func:`choose_algorithm`, :func:`algorithms`, :func:`devices` and :func:`build_problem`.
 
 Each validates its arguments first, in one place (:func:`convlib.core.problem.make_problem` for
 the problem, :func:`convlib.dispatch.registry.check_operation` and :func:`check_algo` for the
@@ -8,7 +9,12 @@ names), then hands a :class:`~convlib.dispatch.plan.Plan` the work.
 
 from __future__ import annotations
 
-from .core.problem import ConvProblem, array_dtype, make_problem
+import numpy as np
+
+from .core.problem import (
+    ConvProblem, array_dtype, make_backward_bias_problem, make_backward_data_problem, make_backward_weight_problem,
+    make_problem, make_transpose_problem,
+)
 from .dispatch import registry
 from .dispatch.devices import devices as _devices, host_array, resolve_device
 from .dispatch.measure import choose_by_measuring
@@ -129,6 +135,207 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
     return make_plan("conv2d", problem, device, algo, (x, w, bias)).run(x, w, bias, like=like)
 
 
+def _arrays(**named):
+    """The named arguments as arrays (host ones as numpy), or a ``TypeError`` naming the one
+    that is not an array; None stays None."""
+    out = []
+    for name, arr in named.items():
+        arr = host_array(name, arr)
+        if arr is not None and not hasattr(arr, "shape"):
+            raise TypeError(f"{name} of type {type(arr).__name__} is not an array")
+        out.append(arr)
+    return out
+
+
+def _required(**named) -> None:
+    for name, arr in named.items():
+        if arr is None:
+            raise TypeError(f"{name}=None is not an array; pass a numpy (or device) array")
+
+
+_GRADIENT_NOTE = """
+    The arrays may be numpy arrays (or array-likes), PyTorch tensors, dpnp / dpctl.tensor arrays
+    or CUDA arrays, as for :func:`conv2d`; the result has the kind of the first array and is
+    computed where the data lives (or on ``device``). Inputs are never modified."""
+
+
+def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1, algo="auto",
+                         device=None):
+    """The gradient of :func:`conv2d` with respect to its input ``x``.
+
+    ``dx[n, c, h, v] = sum over (k, r, s) with h = p*sh - pt + r*dh and v = q*sw - pl + s*dw of
+    dy[n, k, p, q] * w[k, c', r, s]`` (``k`` in the group of ``c``): each input element collects
+    the output gradients it fed. Several ``x`` shapes give one ``dy`` shape when the stride is
+    above 1, so ``x_shape`` is an argument, as in ``torch.nn.grad.conv2d_input``.
+
+    Parameters
+    ----------
+    dy : array, shape (N, K, P, Q)
+        The gradient of the loss with respect to conv2d's output, float32 or float64.
+    w : array, shape (K, C // groups, R, S)
+        The filters of the forward convolution, same dtype as ``dy``.
+    x_shape : tuple of 4 ints
+        ``(N, C, H, W)``, the shape of the forward convolution's input.
+    stride, padding, dilation, groups
+        Those of the forward convolution, as in :func:`conv2d` (``"same"`` and ``"valid"`` too).
+    algo : {"auto", "direct", "im2col", "blis", ...}
+        :func:`algorithms` with ``op="conv2d_backward_data"`` lists those of a device. ``"direct"``
+        gathers, for each ``dx`` element, the ``dy`` elements it fed (no zero insertion: at stride
+        > 1 no multiplication is wasted); ``"im2col"`` forms the column matrix ``W^T dY`` per
+        batch chunk with BLAS and folds it back (col2im); ``"blis"`` is the same GEMM packed from
+        the tensors, its col2im folded into the micro-kernel's store (no column matrix).
+    device
+        As in :func:`conv2d`.
+
+    Returns
+    -------
+    dx : array, shape ``x_shape``
+    """ + _GRADIENT_NOTE + """
+
+    Raises
+    ------
+    TypeError, ValueError
+        Invalid arguments (a ``dy`` that does not have conv2d's output shape for ``x_shape`` and
+        ``w`` included); the message names the argument, its value and what is allowed.
+    NotImplementedError
+        A valid request the chosen algorithm cannot serve; the message lists those that can.
+    """
+    algo = check_algo(algo)
+    _required(dy=dy, w=w)
+    like = dy
+    dy, w = _arrays(dy=dy, w=w)
+    problem = make_backward_data_problem(
+        tuple(dy.shape), tuple(w.shape), x_shape, array_dtype("dy", dy), array_dtype("w", w),
+        stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return make_plan(problem.operation, problem, device, algo, (dy, w)).run(dy, w, None, like=like)
+
+
+def conv2d_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, algo="auto",
+                           device=None):
+    """The gradient of :func:`conv2d` with respect to its filters ``w``.
+
+    ``dw[k, c, r, s] = sum over (n, p, q) of dy[n, k, p, q] * x[n, c_g, p*sh - pt + r*dh,
+    q*sw - pl + s*dw]`` (``c_g`` the input channel ``c`` of ``k``'s group; zero in the padding),
+    summed over the whole batch.
+
+    Parameters
+    ----------
+    x : array, shape (N, C, H, W)
+        The forward convolution's input, float32 or float64.
+    dy : array, shape (N, K, P, Q)
+        The gradient with respect to its output, same dtype as ``x``.
+    w_shape : tuple of 4 ints
+        ``(K, C // groups, R, S)``, the shape of the filters.
+    stride, padding, dilation, groups
+        Those of the forward convolution, as in :func:`conv2d`.
+    algo : {"auto", "direct", "im2col", "blis", ...}
+        ``"direct"``: each ``dw`` element's sum, vectorised along the output width;
+        ``"im2col"``: ``dY im2col(X)^T`` with BLAS per batch chunk; ``"blis"``: the same GEMM with
+        both operands packed straight from ``dy`` and ``x``, reduced over the batch inside the
+        GEMM (no per-image workspace).
+    device
+        As in :func:`conv2d`.
+
+    Returns
+    -------
+    dw : array, shape ``w_shape``
+    """ + _GRADIENT_NOTE + """
+
+    Raises
+    ------
+    TypeError, ValueError, NotImplementedError
+        As :func:`conv2d_backward_data`.
+    """
+    algo = check_algo(algo)
+    _required(x=x, dy=dy)
+    like = x
+    x, dy = _arrays(x=x, dy=dy)
+    problem = make_backward_weight_problem(
+        tuple(x.shape), tuple(dy.shape), w_shape, array_dtype("x", x), array_dtype("dy", dy),
+        stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return make_plan(problem.operation, problem, device, algo, (x, dy)).run(x, dy, like=like)
+
+
+def conv2d_backward_bias(dy, *, algo="auto", device=None):
+    """The gradient of :func:`conv2d` with respect to its bias: ``dy.sum((0, 2, 3))``.
+
+    Parameters
+    ----------
+    dy : array, shape (N, K, P, Q)
+        The gradient with respect to conv2d's output, float32 or float64.
+    algo : {"auto", "direct"}
+        ``"direct"``: a blocked sum per channel (float32 sums in blocks, so the error stays that
+        of the block size, not of ``N * P * Q``).
+    device
+        As in :func:`conv2d`.
+
+    Returns
+    -------
+    db : array, shape (K,)
+    """ + _GRADIENT_NOTE + """
+    """
+    algo = check_algo(algo)
+    _required(dy=dy)
+    like = dy
+    (dy,) = _arrays(dy=dy)
+    problem = make_backward_bias_problem(tuple(dy.shape), array_dtype("dy", dy))
+    return make_plan(problem.operation, problem, device, algo, (dy,)).run(dy, like=like)
+
+
+def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, groups=1, dilation=1,
+                     algo="auto", device=None):
+    """Transposed convolution (PyTorch's ``conv_transpose2d``): the backward data pass of a
+    convolution, plus a bias.
+
+    It is :func:`conv2d_backward_data` with ``dy = x`` for the convolution whose input has the
+    result's shape, and runs the same kernels.
+
+    Parameters
+    ----------
+    x : array, shape (N, C_in, H, W)
+        Input, float32 or float64.
+    w : array, shape (C_in, C_out // groups, R, S)
+        Filters, in PyTorch's layout for transposed convolutions.
+    bias : array, shape (C_out,), optional
+    stride, padding, dilation, groups
+        As PyTorch's: the forward convolution's, whose ``padding`` crops the result here.
+        ``"valid"`` and ``"same"`` (stride 1) as in :func:`conv2d`.
+    output_padding : int or (int, int), default 0
+        Rows and columns added at the bottom and right of the result; each must be smaller than
+        the stride or the dilation of its dimension.
+    algo, device
+        As in :func:`conv2d_backward_data`.
+
+    Returns
+    -------
+    y : array, shape (N, C_out, H_out, W_out)
+        ``H_out = (H - 1) * stride - (top + bottom) + dilation * (R - 1) + output_padding + 1``,
+        and so for ``W_out``; the kind of ``x``.
+
+    Raises
+    ------
+    TypeError, ValueError, NotImplementedError
+        As :func:`conv2d`.
+    """
+    algo = check_algo(algo)
+    _required(x=x, w=w)
+    like = x
+    x, w, bias = _arrays(x=x, w=w, bias=bias)
+    problem = make_transpose_problem(
+        tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape), array_dtype("x", x),
+        array_dtype("w", w), None if bias is None else array_dtype("bias", bias),
+        stride=stride, padding=padding, output_padding=output_padding, groups=groups, dilation=dilation)
+    plan = make_plan(problem.operation, problem, device, algo, (x, w, bias))
+    if problem.y_shape != tuple(x.shape):
+        # An output_padding of a stride or more (allowed by a larger dilation) adds output rows
+        # that no input reaches; the convolution they are the gradient of has zero dy there.
+        (x,) = plan.prepare(x)
+        extended = plan.prepare(np.zeros(problem.y_shape, problem.dtype))[0]
+        extended[:, :, :x.shape[2], :x.shape[3]] = x
+        x = extended
+    return plan.run(x, w, bias, like=like)
+
+
 def choose_algorithm(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, device=None,
                      measure=False, repeats=5) -> Choice:
     """What ``conv2d(..., algo="auto")`` would run for these arguments, and why.
@@ -189,8 +396,8 @@ def algorithms(device="cpu", op="conv2d") -> list[str]:
     ----------
     device : str or dpctl.SyclDevice or dpctl.SyclQueue, default "cpu"
         As the ``device=`` of :func:`conv2d` (None means ``"cpu"``).
-    op : {"conv2d"}, default "conv2d"
-        The operation.
+    op : {"conv2d", "conv2d_backward_data", "conv2d_backward_weight", "conv2d_backward_bias"}
+        The operation (``conv_transpose2d`` runs ``conv2d_backward_data``).
 
     Returns
     -------
@@ -215,4 +422,5 @@ def devices() -> list[str]:
     return _devices()
 
 
-__all__ = ["conv2d", "choose_algorithm", "algorithms", "devices", "build_problem", "check_algo"]
+__all__ = ["conv2d", "conv2d_backward_data", "conv2d_backward_weight", "conv2d_backward_bias", "conv_transpose2d",
+           "choose_algorithm", "algorithms", "devices", "build_problem", "check_algo"]

@@ -9,13 +9,23 @@ re-checks them.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from .options import options
 
 SUPPORTED_DTYPES = ("float32", "float64")
+
+#: The operations a problem can describe, each on the same forward geometry:
+#:
+#: * ``conv2d``: ``y = conv2d(x, w) (+ bias of K)``, result ``(N, K, P, Q)``;
+#: * ``conv2d_backward_data``: ``dx`` from ``dy`` and ``w``, result ``x_shape`` (``+ bias of C``
+#:   is ``conv_transpose2d``, the same computation under its other name);
+#: * ``conv2d_backward_weight``: ``dw`` from ``x`` and ``dy``, result ``w_shape``;
+#: * ``conv2d_backward_bias``: ``db = dy.sum((0, 2, 3))``, result ``(K,)``; its problem is ``dy``
+#:   seen as the input of a 1x1 convolution (``C = K``, ``H = P``, ``W = Q``).
+OPERATIONS = ("conv2d", "conv2d_backward_data", "conv2d_backward_weight", "conv2d_backward_bias")
 
 
 @dataclass(frozen=True)
@@ -40,7 +50,11 @@ class ConvProblem:
     dtype : str
         ``"float32"`` or ``"float64"``, shared by x, w, bias and the result.
     has_bias : bool
-        Whether a bias of shape ``(K,)`` is added.
+        Whether a bias is added to the result: shape ``(K,)`` for ``conv2d``, ``(C,)`` for
+        ``conv2d_backward_data`` (``conv_transpose2d``).
+    operation : str
+        What is computed on this geometry, one of :data:`OPERATIONS`; the arrays it reads and
+        the shape of its result follow from it (:attr:`output_shape`).
 
     Notes
     -----
@@ -63,6 +77,7 @@ class ConvProblem:
     groups: int = 1
     dtype: str = "float32"
     has_bias: bool = False
+    operation: str = "conv2d"
     _checked: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -97,15 +112,39 @@ class ConvProblem:
         return (self.N, self.K, self.P, self.Q)
 
     @property
-    def output_shape(self) -> tuple[int, int, int, int]:
-        """The shape of the operation's result (``y_shape`` for the forward convolution)."""
-        return self.y_shape
+    def output_shape(self) -> tuple[int, ...]:
+        """The shape of the operation's result: ``y``, ``dx``, ``dw`` or ``db``."""
+        return {
+            "conv2d": self.y_shape,
+            "conv2d_backward_data": self.x_shape,
+            "conv2d_backward_weight": self.w_shape,
+            "conv2d_backward_bias": (self.K,),
+        }[self.operation]
+
+    @property
+    def input_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shapes of the arrays the operation reads, in the order its ``run`` takes them."""
+        return {
+            "conv2d": (self.x_shape, self.w_shape),
+            "conv2d_backward_data": (self.y_shape, self.w_shape),
+            "conv2d_backward_weight": (self.x_shape, self.y_shape),
+            "conv2d_backward_bias": (self.x_shape,),
+        }[self.operation]
+
+    @property
+    def bias_shape(self) -> tuple[int]:
+        """The shape of the bias the operation adds (when ``has_bias``): its result's channels."""
+        return (self.C,) if self.operation == "conv2d_backward_data" else (self.K,)
 
     @property
     def output_bytes(self) -> int:
         """Bytes of the operation's result."""
-        N, K, P, Q = self.output_shape
-        return N * K * P * Q * self.itemsize
+        return int(np.prod(self.output_shape)) * self.itemsize
+
+    @property
+    def forward(self) -> "ConvProblem":
+        """The forward convolution of the same geometry (no bias)."""
+        return replace(self, operation="conv2d", has_bias=False)
 
     @property
     def im2col_image_bytes(self) -> int:
@@ -151,18 +190,20 @@ class ConvProblem:
     # -- cost ------------------------------------------------------------------------------
     @property
     def flops(self) -> int:
-        """Multiply-adds counted as two FLOPs (bias not counted)."""
+        """Multiply-adds counted as two FLOPs (bias not counted); the same for both backward
+        passes, which do the forward's multiplications in another order. The bias gradient:
+        one addition per element of ``dy``."""
+        if self.operation == "conv2d_backward_bias":
+            return self.N * self.C * self.H * self.W
         return 2 * self.groups * self.gemm_m * self.gemm_n * self.gemm_k
 
     @property
     def bytes_moved(self) -> int:
-        """Compulsory memory traffic: read x and w (and bias) once, write y once."""
-        elems = (
-            self.N * self.C * self.H * self.W
-            + self.K * self.C_per_group * self.R * self.S
-            + (self.K if self.has_bias else 0)
-            + self.N * self.K * self.P * self.Q
-        )
+        """Compulsory memory traffic: read the operation's inputs (and bias) once, write its
+        result once."""
+        elems = sum(int(np.prod(shape)) for shape in self.input_shapes + (self.output_shape,))
+        if self.has_bias:
+            elems += self.bias_shape[0]
         return elems * self.itemsize
 
     @property
@@ -185,7 +226,10 @@ class ConvProblem:
 
     def describe(self) -> str:
         """A one-line human description, e.g. for benchmark tables."""
-        s = f"N={self.N} C={self.C} H={self.H} W={self.W} K={self.K} {self.R}x{self.S}"
+        if self.operation == "conv2d_backward_bias":
+            return f"{self.operation} dy=({self.N}, {self.C}, {self.H}, {self.W}) {self.dtype}"
+        s = "" if self.operation == "conv2d" else f"{self.operation} "
+        s += f"N={self.N} C={self.C} H={self.H} W={self.W} K={self.K} {self.R}x{self.S}"
         if self.stride != (1, 1):
             s += f" stride={self.stride[0]}x{self.stride[1]}"
         if any(self.padding):
@@ -254,6 +298,8 @@ def _check_sizes(p: ConvProblem) -> None:
             f"groups={p.groups} must be >= 1 and divide both the input channels C={p.C} "
             f"and the output channels K={p.K}"
         )
+    if p.operation not in OPERATIONS:
+        raise ValueError(f"operation={p.operation!r}: allowed are {', '.join(map(repr, OPERATIONS))}")
     if p.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype={p.dtype!r}: allowed dtypes are {', '.join(SUPPORTED_DTYPES)}")
     eff_h = p.dilation[0] * (p.R - 1) + 1
@@ -265,6 +311,14 @@ def _check_sizes(p: ConvProblem) -> None:
             f"w: the (dilated) filter {eff_h}x{eff_w} is larger than the padded input "
             f"{padded_h}x{padded_w}; it must fit"
         )
+
+
+def _groups(groups) -> int:
+    if isinstance(groups, (bool, np.bool_)) or not isinstance(groups, numbers.Integral):
+        raise TypeError(f"groups={groups!r} must be an int >= 1")
+    if groups < 1:
+        raise ValueError(f"groups={groups} must be an int >= 1")
+    return int(groups)
 
 
 def array_dtype(name: str, arr) -> np.dtype:
@@ -298,6 +352,8 @@ def make_problem(
     padding=0,
     dilation=1,
     groups=1,
+    x_name="x",
+    w_name="w",
 ) -> ConvProblem:
     """Validate convolution arguments and build the :class:`ConvProblem`.
 
@@ -311,6 +367,9 @@ def make_problem(
         Dtypes (already checked to be float32/float64 by :func:`array_dtype`).
     stride, padding, dilation, groups
         As in :func:`convlib.conv2d`.
+    x_name, w_name : str
+        What the messages call the input and the filters (``"x_shape"``, ``"w_shape"`` when the
+        caller gave shapes rather than arrays).
 
     Returns
     -------
@@ -322,36 +381,32 @@ def make_problem(
         With a message naming the argument, the value and what is allowed.
     """
     if len(x_shape) != 4:
-        raise ValueError(f"x must be 4-D (N, C, H, W); got {len(x_shape)}-D with shape {tuple(x_shape)}")
+        raise ValueError(f"{x_name} must be 4-D (N, C, H, W); got {len(x_shape)}-D with shape {tuple(x_shape)}")
     if len(w_shape) != 4:
-        raise ValueError(f"w must be 4-D (K, C/groups, R, S); got {len(w_shape)}-D with shape {tuple(w_shape)}")
-    if isinstance(groups, (bool, np.bool_)) or not isinstance(groups, numbers.Integral):
-        raise TypeError(f"groups={groups!r} must be an int >= 1")
-    groups = int(groups)
-    if groups < 1:
-        raise ValueError(f"groups={groups} must be an int >= 1")
+        raise ValueError(f"{w_name} must be 4-D (K, C/groups, R, S); got {len(w_shape)}-D with shape {tuple(w_shape)}")
+    groups = _groups(groups)
     N, C, H, W = (int(v) for v in x_shape)
     K, Cg, R, S = (int(v) for v in w_shape)
     if min(C, H, W) < 1:
-        raise ValueError(f"x has shape {tuple(x_shape)}; C, H and W must be >= 1 (only N may be 0)")
+        raise ValueError(f"{x_name} has shape {tuple(x_shape)}; C, H and W must be >= 1 (only N may be 0)")
     if min(K, Cg, R, S) < 1:
-        raise ValueError(f"w has shape {tuple(w_shape)}; every dimension must be >= 1")
+        raise ValueError(f"{w_name} has shape {tuple(w_shape)}; every dimension must be >= 1")
     if C % groups or K % groups:
         raise ValueError(
             f"groups={groups} must divide both the input channels C={C} and the output channels K={K}"
         )
     if Cg * groups != C:
         raise ValueError(
-            f"w has shape {tuple(w_shape)}: its second dimension must be C/groups = {C}/{groups} = "
+            f"{w_name} has shape {tuple(w_shape)}: its second dimension must be C/groups = {C}/{groups} = "
             f"{C // groups}, got {Cg}"
         )
     if x_dtype != w_dtype:
-        raise TypeError(f"x has dtype {x_dtype} but w has dtype {w_dtype}; x, w and bias must share one dtype")
+        raise TypeError(f"{x_name} has dtype {x_dtype} but {w_name} has dtype {w_dtype}; they (and bias) must share one dtype")
     if bias_shape is not None:
         if tuple(bias_shape) != (K,):
             raise ValueError(f"bias has shape {tuple(bias_shape)}; it must be (K,) = ({K},)")
         if bias_dtype != x_dtype:
-            raise TypeError(f"bias has dtype {bias_dtype} but x has dtype {x_dtype}; they must share one dtype")
+            raise TypeError(f"bias has dtype {bias_dtype} but {x_name} has dtype {x_dtype}; they must share one dtype")
     stride_p = _int_pair("stride", stride, 1)
     dilation_p = _int_pair("dilation", dilation, 1)
     padding_p = _padding(padding, R, S, stride_p, dilation_p)
@@ -362,3 +417,125 @@ def make_problem(
     _check_sizes(problem)
     return problem
 
+
+
+# ------------------------------------------------------------------------------------------
+# The backward passes and the transposed convolution: the forward geometry, checked by
+# make_problem, plus what each operation adds.
+# ------------------------------------------------------------------------------------------
+def shape_argument(name: str, value) -> tuple[int, ...]:
+    """A shape given as an argument (``x_shape``, ``w_shape``): a sequence of ints >= 0."""
+    allowed = "a tuple of 4 ints >= 0"
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise TypeError(f"{name}={value!r}: {name} must be {allowed}")
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in value):
+        raise TypeError(f"{name}={value!r}: {name} must be {allowed}")
+    if len(value) != 4 or min(value) < 0:
+        raise ValueError(f"{name}={tuple(value)!r}: {name} must be {allowed}")
+    return tuple(int(v) for v in value)
+
+
+def _check_dy_shape(dy_shape, problem: ConvProblem, given: str) -> None:
+    if tuple(dy_shape) != problem.y_shape:
+        raise ValueError(
+            f"dy has shape {tuple(dy_shape)}; conv2d's output for {given} has shape {problem.y_shape}, "
+            "and dy must have that shape"
+        )
+
+
+def make_backward_data_problem(dy_shape, w_shape, x_shape, dy_dtype, w_dtype, *, stride=1, padding=0,
+                               dilation=1, groups=1) -> ConvProblem:
+    """The validated problem of ``conv2d_backward_data(dy, w, x_shape, ...)``: the forward
+    geometry of ``x_shape`` and ``w``, with ``dy`` of its output's shape."""
+    x_shape = shape_argument("x_shape", x_shape)
+    if len(dy_shape) != 4:
+        raise ValueError(f"dy must be 4-D (N, K, P, Q); got {len(dy_shape)}-D with shape {tuple(dy_shape)}")
+    if dy_dtype != w_dtype:
+        raise TypeError(f"dy has dtype {dy_dtype} but w has dtype {w_dtype}; they must share one dtype")
+    problem = make_problem(x_shape, w_shape, None, dy_dtype, w_dtype, stride=stride, padding=padding,
+                           dilation=dilation, groups=groups, x_name="x_shape")
+    _check_dy_shape(dy_shape, problem, f"x_shape={x_shape} and w of shape {tuple(w_shape)}")
+    return replace(problem, operation="conv2d_backward_data")
+
+
+def make_backward_weight_problem(x_shape, dy_shape, w_shape, x_dtype, dy_dtype, *, stride=1, padding=0,
+                                 dilation=1, groups=1) -> ConvProblem:
+    """The validated problem of ``conv2d_backward_weight(x, dy, w_shape, ...)``."""
+    w_shape = shape_argument("w_shape", w_shape)
+    if len(dy_shape) != 4:
+        raise ValueError(f"dy must be 4-D (N, K, P, Q); got {len(dy_shape)}-D with shape {tuple(dy_shape)}")
+    if x_dtype != dy_dtype:
+        raise TypeError(f"x has dtype {x_dtype} but dy has dtype {dy_dtype}; they must share one dtype")
+    problem = make_problem(x_shape, w_shape, None, x_dtype, dy_dtype, stride=stride, padding=padding,
+                           dilation=dilation, groups=groups, w_name="w_shape")
+    _check_dy_shape(dy_shape, problem, f"x of shape {tuple(x_shape)} and w_shape={w_shape}")
+    return replace(problem, operation="conv2d_backward_weight")
+
+
+def make_backward_bias_problem(dy_shape, dy_dtype) -> ConvProblem:
+    """The validated problem of ``conv2d_backward_bias(dy)``: ``dy`` as the input of a 1x1
+    convolution (``C = K``, ``H = P``, ``W = Q``), its result ``(K,)``."""
+    if len(dy_shape) != 4:
+        raise ValueError(f"dy must be 4-D (N, K, P, Q); got {len(dy_shape)}-D with shape {tuple(dy_shape)}")
+    N, K, P, Q = (int(v) for v in dy_shape)
+    if min(K, P, Q) < 1:
+        raise ValueError(f"dy has shape {tuple(dy_shape)}; K, P and Q must be >= 1 (only N may be 0)")
+    return ConvProblem(N, K, P, Q, K, 1, 1, dtype=np.dtype(dy_dtype).name, operation="conv2d_backward_bias")
+
+
+def make_transpose_problem(x_shape, w_shape, bias_shape, x_dtype, w_dtype, bias_dtype=None, *, stride=1,
+                           padding=0, output_padding=0, groups=1, dilation=1) -> ConvProblem:
+    """The validated problem of ``conv_transpose2d(x, w, bias, ...)`` (PyTorch's semantics):
+    the backward data pass of the convolution whose output has ``x``'s shape, with a bias of
+    its input channels.
+
+    ``x`` is ``(N, C_in, H_in, W_in)`` and ``w`` ``(C_in, C_out / groups, R, S)``; the result is
+    ``(N, C_out, H_out, W_out)`` with ``H_out = (H_in - 1) * stride - (top + bottom) + dilation *
+    (R - 1) + output_padding + 1``. In the returned problem ``K = C_in`` and ``C = C_out``; its
+    ``P`` exceeds ``H_in`` by ``output_padding // stride`` (rows the caller pads with zeros), which
+    is non-zero only where ``output_padding`` is allowed by a dilation larger than the stride.
+    """
+    if len(x_shape) != 4:
+        raise ValueError(f"x must be 4-D (N, C_in, H, W); got {len(x_shape)}-D with shape {tuple(x_shape)}")
+    if len(w_shape) != 4:
+        raise ValueError(
+            f"w must be 4-D (C_in, C_out/groups, R, S); got {len(w_shape)}-D with shape {tuple(w_shape)}")
+    groups = _groups(groups)
+    N, C_in, H_in, W_in = (int(v) for v in x_shape)
+    K, C_out_g, R, S = (int(v) for v in w_shape)
+    if min(C_in, H_in, W_in) < 1:
+        raise ValueError(f"x has shape {tuple(x_shape)}; C, H and W must be >= 1 (only N may be 0)")
+    if min(K, C_out_g, R, S) < 1:
+        raise ValueError(f"w has shape {tuple(w_shape)}; every dimension must be >= 1")
+    if K != C_in:
+        raise ValueError(
+            f"w has shape {tuple(w_shape)}: its first dimension must be x's channels C_in = {C_in} "
+            "(conv_transpose2d's weight layout is (C_in, C_out/groups, R, S), as PyTorch's)")
+    if C_in % groups:
+        raise ValueError(f"groups={groups} must divide the input channels C_in={C_in}")
+    if x_dtype != w_dtype:
+        raise TypeError(f"x has dtype {x_dtype} but w has dtype {w_dtype}; they (and bias) must share one dtype")
+    stride_p = _int_pair("stride", stride, 1)
+    dilation_p = _int_pair("dilation", dilation, 1)
+    padding_p = _padding(padding, R, S, stride_p, dilation_p)
+    out_pad = _int_pair("output_padding", output_padding, 0)
+    for i, dim in enumerate(("height", "width")):
+        if out_pad[i] >= max(stride_p[i], dilation_p[i]):
+            raise ValueError(
+                f"output_padding={output_padding!r}: in the {dim} it must be smaller than the stride "
+                f"({stride_p[i]}) or the dilation ({dilation_p[i]})")
+    H_out = (H_in - 1) * stride_p[0] - padding_p[0] - padding_p[1] + dilation_p[0] * (R - 1) + out_pad[0] + 1
+    W_out = (W_in - 1) * stride_p[1] - padding_p[2] - padding_p[3] + dilation_p[1] * (S - 1) + out_pad[1] + 1
+    if H_out < 1 or W_out < 1:
+        raise ValueError(
+            f"padding={padding!r} is too large: the output would be {H_out}x{W_out}; conv_transpose2d's output is "
+            "(H - 1) * stride - (top + bottom) + dilation * (R - 1) + output_padding + 1 per dimension")
+    C_out = C_out_g * groups
+    if bias_shape is not None:
+        if tuple(bias_shape) != (C_out,):
+            raise ValueError(f"bias has shape {tuple(bias_shape)}; it must be (C_out,) = ({C_out},)")
+        if bias_dtype != x_dtype:
+            raise TypeError(f"bias has dtype {bias_dtype} but x has dtype {x_dtype}; they must share one dtype")
+    problem = make_problem((N, C_out, H_out, W_out), w_shape, None, x_dtype, w_dtype, stride=stride_p,
+                           padding=padding_p, dilation=dilation_p, groups=groups, x_name="the output")
+    return replace(problem, operation="conv2d_backward_data", has_bias=bias_shape is not None)

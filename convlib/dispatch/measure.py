@@ -20,8 +20,9 @@ from .select import Choice
 
 
 def random_inputs(problem: ConvProblem, seed: int = 0) -> tuple:
-    """``x``, ``w`` and ``bias`` (None unless ``problem.has_bias``) uniform in [-1, 1), in the
-    problem's dtype (numpy arrays)."""
+    """The operation's arrays (``x, w, bias`` for ``conv2d``; ``dy, w, bias`` for the backward
+    data pass; ``x, dy`` for the weight pass; ``dy`` for the bias pass), uniform in [-1, 1), in
+    the problem's dtype (numpy arrays); the bias is None unless ``problem.has_bias``."""
     rng = np.random.default_rng(seed)
 
     def uniform(shape):
@@ -30,7 +31,10 @@ def random_inputs(problem: ConvProblem, seed: int = 0) -> tuple:
         a -= 1  # in place: the seed suites' inputs are gigabytes
         return a
 
-    return uniform(problem.x_shape), uniform(problem.w_shape), (uniform((problem.K,)) if problem.has_bias else None)
+    arrays = tuple(uniform(shape) for shape in problem.input_shapes)
+    if problem.operation in ("conv2d", "conv2d_backward_data"):
+        arrays += (uniform(problem.bias_shape) if problem.has_bias else None,)
+    return arrays
 
 
 def time_algorithms(operation: str, problem: ConvProblem, target: ResolvedDevice, algos, repeats: int = 5,

@@ -40,8 +40,13 @@ from .pieces import conv2d_pieces
 from .select import choose
 
 
-#: How each operation is cut into pieces under the workspace cap (:mod:`convlib.dispatch.pieces`).
+#: How an operation is cut into pieces under the workspace cap (:mod:`convlib.dispatch.pieces`).
+#: The backward passes are not cut: their implementations bound their own workspace (the blis
+#: ones need none that grows with N, H, W; im2col chunks its column matrix under the cap).
 SPLITTERS = {"conv2d": conv2d_pieces}
+
+#: Operations whose result sums over the batch: an empty batch gives zeros, not an empty array.
+REDUCE_OVER_BATCH = ("conv2d_backward_weight", "conv2d_backward_bias")
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,7 @@ class Plan:
     Attributes
     ----------
     operation : str
-        ``"conv2d"`` (see :data:`convlib.dispatch.registry.OPERATIONS`).
+        One of :data:`convlib.core.problem.OPERATIONS` (the problem's own ``operation``).
     problem : ConvProblem
         The validated problem.
     target : ResolvedDevice
@@ -95,11 +100,14 @@ class Plan:
             Before any work, when the result cannot fit in the device's free memory.
         """
         problem, backend, handle = self.problem, self.target.backend, self.target.handle
-        if problem.N == 0:  # an empty batch has an empty result; no kernel runs
+        if problem.N == 0:  # no kernel runs: an empty result, or the zero sum over no images
+            if self.operation in REDUCE_OVER_BATCH:
+                return backend.prepare(np.zeros(problem.output_shape, problem.dtype), problem.dtype, handle)
             return backend.empty(problem.output_shape, problem.dtype, handle)
         check_result_fits(self.operation, problem, self.target)
-        pieces = SPLITTERS[self.operation](problem, lambda p: self.implementation.workspace_bytes(p, handle),
-                                           options.workspace_cap)
+        splitter = SPLITTERS.get(self.operation)
+        pieces = None if splitter is None else splitter(
+            problem, lambda p: self.implementation.workspace_bytes(p, handle), options.workspace_cap)
         if pieces is None:
             return self.implementation.run(problem, *device_arrays, handle)
         return self._execute_in_pieces(pieces, *device_arrays)
@@ -145,8 +153,8 @@ class Plan:
         return self.implementation.workspace_bytes(self.problem, self.target.handle)
 
     def describe(self) -> str:
-        """One line: operation, algorithm, device and problem."""
-        return f"{self.operation} {self.algorithm} on {self.target.name}: {self.problem.describe()}"
+        """One line: algorithm, device and problem (with its operation unless ``conv2d``)."""
+        return f"{self.algorithm} on {self.target.name}: {self.problem.describe()}"
 
 
 def _human(nbytes: int) -> str:
@@ -178,6 +186,8 @@ def plan_for(operation: str, problem: ConvProblem, target: ResolvedDevice, algo:
         ``algo`` cannot serve ``problem`` on this backend; the message lists the algorithms that
         can.
     """
+    if operation != problem.operation:
+        raise ValueError(f"operation={operation!r} but the problem describes {problem.operation!r}")
     backend = target.name
     if algo == "auto":
         choice = choose(operation, problem, target)

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import importlib
 
-#: The operations convlib computes. Each has its problem type and array names in
-#: :mod:`convlib.dispatch.plan`; today only the forward convolution.
-OPERATIONS = ("conv2d",)
+from ..core.problem import OPERATIONS
+
+#: The operations convlib computes (:data:`convlib.core.problem.OPERATIONS`): the forward
+#: convolution and its three backward passes; ``conv_transpose2d`` runs ``conv2d_backward_data``.
+__all__ = ["OPERATIONS"]
 
 #: Algorithm names in the order they are listed to users. ``winograd`` is F(4x4,3x3);
 #: ``winograd2`` and ``winograd4`` name the two tile sizes explicitly.
@@ -40,6 +42,9 @@ _IMPLEMENTATIONS: dict[tuple[str, str, str], str] = {
     ("conv2d", "cuda", "direct"): "convlib.cuda.direct",
     ("conv2d", "cuda", "im2col"): "convlib.cuda.im2col",
     ("conv2d", "cuda", "blis"): "convlib.cuda.blis",
+    ("conv2d_backward_data", "cpu", "direct"): "convlib.cpu.direct_backward:DATA",
+    ("conv2d_backward_weight", "cpu", "direct"): "convlib.cpu.direct_backward:WEIGHT",
+    ("conv2d_backward_bias", "cpu", "direct"): "convlib.cpu.bias_gradient",
 }
 
 

@@ -44,6 +44,7 @@ def problem_key(operation: str, problem, identity: str) -> str:
     auto's 60 us per call."""
     fields = asdict(problem)
     fields.pop("_checked", None)
+    fields.pop("operation", None)  # already in the key, ahead of the fields
     return f"{identity}|{operation}|{json.dumps(fields, sort_keys=True)}"
 
 

@@ -1,4 +1,5 @@
-"""The plain reference every test, example and benchmark compares against: scipy.signal.correlate.
+"""The plain references every test, example and benchmark compares against: scipy.signal.correlate
+for the forward convolution, and the definitions of its gradients written with numpy slices.
 
 Deliberately independent of convlib's kernels and written for obviousness, not speed:
 padding by ``np.pad``, dilation by spreading the filter with zeros, stride by slicing the
@@ -104,6 +105,101 @@ def conv2d_reference_nonfinite(x, w, bias=None, *, stride=(1, 1), padding=(0, 0,
     y[minus] = -np.inf
     y[nan_terms | (plus & minus)] = np.nan
     return y
+
+
+def _tap_window(r: int, s: int, P: int, Q: int, stride, dilation):
+    """The slices of the padded input that tap ``(r, s)`` reads for the ``P x Q`` outputs."""
+    h0, w0 = r * dilation[0], s * dilation[1]
+    return (slice(h0, h0 + (P - 1) * stride[0] + 1, stride[0]), slice(w0, w0 + (Q - 1) * stride[1] + 1, stride[1]))
+
+
+def conv2d_backward_data_reference(dy, w, x_shape, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+                                   groups=1, dtype=np.float64):
+    """The gradient of the convolution with respect to ``x``, in float64, by its definition:
+    every tap ``(r, s)`` scatters ``w[:, :, r, s]^T dy`` into the padded ``dx`` at the input
+    positions it read; the padding is cut off at the end.
+
+    Parameters
+    ----------
+    dy : (N, K, P, Q) array
+    w : (K, C // groups, R, S) array
+    x_shape : (N, C, H, W)
+    stride, dilation : (int, int)
+    padding : (top, bottom, left, right)
+    groups : int
+    dtype : numpy dtype, default float64
+
+    Returns
+    -------
+    (N, C, H, W) array of ``dtype``
+    """
+    dy = np.asarray(dy, dtype=dtype)
+    w = np.asarray(w, dtype=dtype)
+    N, C, H, W = x_shape
+    K, Cg, R, S = w.shape
+    _, _, P, Q = dy.shape
+    top, bottom, left, right = padding
+    dxp = np.zeros((N, C, H + top + bottom, W + left + right), dtype)
+    Kg = K // groups
+    for g in range(groups):
+        dy_g, w_g = dy[:, g * Kg:(g + 1) * Kg], w[g * Kg:(g + 1) * Kg]
+        for r in range(R):
+            for s in range(S):
+                rows, cols = _tap_window(r, s, P, Q, stride, dilation)
+                dxp[:, g * Cg:(g + 1) * Cg, rows, cols] += np.einsum("nkpq,kc->ncpq", dy_g, w_g[:, :, r, s])
+    return dxp[:, :, top:top + H, left:left + W].copy()
+
+
+def conv2d_backward_weight_reference(x, dy, w_shape, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+                                     groups=1, dtype=np.float64):
+    """The gradient of the convolution with respect to ``w``, in float64, by its definition:
+    ``dw[:, :, r, s]`` is ``dy`` contracted with the window of the padded ``x`` that tap
+    ``(r, s)`` read, over the batch and the output pixels.
+
+    Returns
+    -------
+    (K, C // groups, R, S) array of ``dtype``
+    """
+    x = np.asarray(x, dtype=dtype)
+    dy = np.asarray(dy, dtype=dtype)
+    K, Cg, R, S = w_shape
+    _, _, P, Q = dy.shape
+    top, bottom, left, right = padding
+    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    dw = np.zeros(w_shape, dtype)
+    Kg = K // groups
+    for g in range(groups):
+        dy_g = dy[:, g * Kg:(g + 1) * Kg]
+        for r in range(R):
+            for s in range(S):
+                rows, cols = _tap_window(r, s, P, Q, stride, dilation)
+                dw[g * Kg:(g + 1) * Kg, :, r, s] = np.einsum("nkpq,ncpq->kc", dy_g, xp[:, g * Cg:(g + 1) * Cg, rows, cols])
+    return dw
+
+
+def conv2d_backward_bias_reference(dy, dtype=np.float64):
+    """``dy.sum((0, 2, 3))`` in float64: the gradient with respect to the bias."""
+    return np.asarray(dy, dtype=dtype).sum(axis=(0, 2, 3))
+
+
+def backward_reference_for(problem, *arrays, dtype=np.float64):
+    """The float64 reference of ``problem``'s operation on its arrays (those its ``run`` takes:
+    ``x, w, bias`` / ``dy, w, bias`` / ``x, dy`` / ``dy``)."""
+    geometry = dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation,
+                    groups=problem.groups, dtype=dtype)
+    op = problem.operation
+    if op == "conv2d":
+        return conv2d_reference_for(problem, *arrays, dtype=dtype)
+    if op == "conv2d_backward_data":
+        dy, w = arrays[:2]
+        bias = arrays[2] if len(arrays) > 2 else None
+        dx = conv2d_backward_data_reference(dy, w, problem.x_shape, **geometry)
+        if bias is not None:
+            dx += np.asarray(bias, dtype)[None, :, None, None]
+        return dx
+    if op == "conv2d_backward_weight":
+        return conv2d_backward_weight_reference(*arrays, problem.w_shape, **geometry)
+    return conv2d_backward_bias_reference(*arrays, dtype=dtype)
 
 
 def relative_error(y, ref) -> float:

@@ -1,0 +1,150 @@
+"""The backward passes of the convolution by their definitions (numba, CPU): ``direct``.
+
+* :data:`DATA` (``conv2d_backward_data``, and ``conv_transpose2d`` with its bias): the gather
+  form. Each row of ``dx`` collects the ``dy`` rows it fed: for a filter row ``r`` the output
+  row is ``p = (h + top - r*dil_h) / stride_h`` when that divides, and for a filter column ``s``
+  the input columns with ``(v + left - s*dil_w) % stride_w == 0`` are one arithmetic sequence
+  ``v0, v0 + stride_w, ...`` meeting ``dy`` columns ``q0, q0 + 1, ...``. So no zero is ever
+  inserted into ``dy`` and at stride > 1 no multiplication is wasted: exactly the forward's
+  multiply-adds. A block of :data:`CHANNEL_BLOCK` rows of ``dx`` (channels of one group)
+  shares every ``dy`` row it reads; a task is one (image, channel block), and the threads share
+  the tasks.
+* :data:`WEIGHT` (``conv2d_backward_weight``): each ``dw[k, c, r, s]`` is a sum over the batch
+  and the output pixels of ``dy[n, k, p, q] * x[n, c, p*sh - top + r*dh, q*sw - left + s*dw]``;
+  per output row, the columns that read inside the image form one range, so the inner loop is a
+  dot product without bounds tests (vectorised at stride 1). A task is one (k, c) pair and
+  all its taps, so no two threads write the same ``dw`` element and no per-thread copy of
+  ``dw`` is needed.
+
+Neither allocates beyond its result. Compile cost: one specialisation per dtype (``cache=True``);
+shapes and the geometry are run-time values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..core.problem import ConvProblem
+
+#: Rows of ``dx`` (channels of one group) computed together, sharing each ``dy`` row they read.
+CHANNEL_BLOCK = 4
+
+
+@njit(cache=True, inline="always")
+def _first_in_phase(s_off, pad_left, stride_w, W, Q):
+    """For the filter column at offset ``s_off = s * dil_w``: the first input column ``v0`` and
+    output column ``q0`` it pairs, and how many pairs ``(v0 + j*stride_w, q0 + j)`` lie in range."""
+    # v + pad_left - s_off = q * stride_w with 0 <= q < Q and 0 <= v < W.
+    q0 = max(0, -((s_off - pad_left) // stride_w))  # smallest q with v = q*sw - pad_left + s_off >= 0
+    v0 = q0 * stride_w - pad_left + s_off
+    if v0 >= W or q0 >= Q:
+        return 0, 0, 0
+    count = min(Q - q0, (W - 1 - v0) // stride_w + 1)
+    return v0, q0, count
+
+
+@njit(parallel=True, cache=True)
+def backward_data_kernel(dy, w, bias, has_bias, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, groups,
+                         CB, dx):
+    N, C, H, W = dx.shape
+    K, Cg, R, S = w.shape
+    P, Q = dy.shape[2], dy.shape[3]
+    Kg = K // groups
+    blocks = (Cg + CB - 1) // CB  # channel blocks per group
+    for task in prange(N * groups * blocks):
+        n = task // (groups * blocks)
+        g = (task // blocks) % groups
+        cl0 = (task % blocks) * CB
+        nc = min(CB, Cg - cl0)
+        rows = np.zeros((CB, W), dx.dtype)
+        for h in range(H):
+            rows[:, :] = 0
+            for r in range(R):
+                num = h + pad_top - r * dil_h
+                if num < 0 or num % stride_h:
+                    continue
+                p = num // stride_h
+                if p >= P:
+                    continue
+                for kl in range(Kg):
+                    k = g * Kg + kl
+                    dy_row = dy[n, k, p]
+                    for s in range(S):
+                        v0, q0, count = _first_in_phase(s * dil_w, pad_left, stride_w, W, Q)
+                        for i in range(nc):
+                            wv = w[k, cl0 + i, r, s]
+                            out = rows[i]
+                            for j in range(count):
+                                out[v0 + j * stride_w] += wv * dy_row[q0 + j]
+            for i in range(nc):
+                c = g * Cg + cl0 + i
+                b = bias[c] if has_bias else 0.0
+                for v in range(W):
+                    dx[n, c, h, v] = rows[i, v] + b
+
+
+@njit(parallel=True, cache=True)
+def backward_weight_kernel(x, dy, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, groups, dw):
+    N, C, H, W = x.shape
+    K, Cg, R, S = dw.shape
+    P, Q = dy.shape[2], dy.shape[3]
+    Kg = K // groups
+    for task in prange(K * Cg):
+        k = task // Cg
+        c = (k // Kg) * Cg + task % Cg
+        acc = np.zeros((R, S), dw.dtype)
+        for s in range(S):
+            # Output columns whose input column q*sw - left + s*dw lies inside [0, W).
+            off = s * dil_w - pad_left
+            q_lo = min(Q, max(0, (-off + stride_w - 1) // stride_w))
+            q_hi = max(q_lo, min(Q, (W - 1 - off) // stride_w + 1))
+            for r in range(R):
+                total = acc[r, s]
+                for n in range(N):
+                    for p in range(P):
+                        h = p * stride_h - pad_top + r * dil_h
+                        if h < 0 or h >= H:
+                            continue
+                        dy_row = dy[n, k, p]
+                        x_row = x[n, c, h]
+                        for q in range(q_lo, q_hi):
+                            total += dy_row[q] * x_row[q * stride_w + off]
+                acc[r, s] = total
+        dw[k, task % Cg] = acc
+
+
+class _Direct:
+    """The implementation contract for one backward pass (see the module docstring)."""
+
+    def __init__(self, operation: str):
+        self.operation = operation
+
+    def supports(self, problem: ConvProblem) -> str | None:
+        """``direct`` serves every valid problem."""
+        return None
+
+    def workspace_bytes(self, problem: ConvProblem, device=None) -> int:
+        """Per task one block of ``dx`` rows (data) or one filter's taps (weight): no more."""
+        return 0
+
+    def run(self, problem: ConvProblem, *arrays):
+        p = problem
+        geometry = (p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], p.groups)
+        if self.operation == "conv2d_backward_data":
+            dy, w, bias = arrays[:3]
+            dx = np.empty(p.x_shape, p.dtype)
+            has_bias = bias is not None
+            bias_arr = bias if has_bias else np.zeros(1, p.dtype)
+            backward_data_kernel(dy, w, bias_arr, has_bias, *geometry, CHANNEL_BLOCK, dx)
+            return dx
+        x, dy = arrays[:2]
+        dw = np.empty(p.w_shape, p.dtype)
+        backward_weight_kernel(x, dy, *geometry, dw)
+        return dw
+
+
+#: ``conv2d_backward_data`` (and ``conv_transpose2d``) by the gather form.
+DATA = _Direct("conv2d_backward_data")
+#: ``conv2d_backward_weight`` by its definition.
+WEIGHT = _Direct("conv2d_backward_weight")

@@ -1,0 +1,290 @@
+"""The backward passes and the transposed convolution against independent references.
+
+Every registered (operation, backend, algorithm) of the three backward operations runs the
+awkward shapes of the forward contract (:mod:`tests.test_contract`) in both dtypes and is
+compared with the float64 definitions of :mod:`convlib.testing`; the adjoint identity
+``<conv2d(x, w), dy> == <x, dx> == <w, dw>`` ties the three passes together without any other
+library; PyTorch (``torch.nn.grad`` and ``F.conv_transpose2d`` in float64) checks the
+definitions themselves when it is installed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import convlib
+from convlib.core.problem import ConvProblem
+from convlib.dispatch import registry
+from convlib.testing import (
+    TOLERANCE, backward_reference_for, conv2d_backward_data_reference, conv2d_backward_weight_reference,
+    conv2d_reference, relative_error,
+)
+
+from .conftest import device_for
+from .test_contract import CASES, make_case
+
+BACKWARD_OPERATIONS = ("conv2d_backward_data", "conv2d_backward_weight", "conv2d_backward_bias")
+
+
+def backward_entries():
+    return [pytest.param(op, b, a, id=f"{op.removeprefix('conv2d_backward_')}-{b}-{a}")
+            for op in BACKWARD_OPERATIONS for _, b, a in registry.entries(op)]
+
+
+def geometry(problem):
+    return dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation, groups=problem.groups)
+
+
+def run_operation(op, backend, algo, problem, rng, with_bias=False):
+    """The operation's inputs (random), convlib's result, and the float64 reference."""
+    dt = problem.dtype
+    x = rng.standard_normal(problem.x_shape).astype(dt)
+    w = rng.standard_normal(problem.w_shape).astype(dt)
+    dy = rng.standard_normal(problem.y_shape).astype(dt)
+    originals = {id(a): a.copy() for a in (x, w, dy)}
+    device = device_for(backend)
+    kw = dict(algo=algo, device=device)
+    if op == "conv2d_backward_data":
+        if with_bias:  # conv_transpose2d: dy is its input, w its filters, and a bias of C
+            bias = rng.standard_normal(problem.C).astype(dt)
+            bwd = problem.__class__(**{**problem.__dict__, "operation": op, "has_bias": True})
+            out = convlib.conv_transpose2d(dy, w, bias, stride=problem.stride, padding=problem.padding,
+                                           dilation=problem.dilation, groups=problem.groups,
+                                           output_padding=_output_padding(problem), **kw)
+            ref = backward_reference_for(bwd, dy, w, bias)
+        else:
+            out = convlib.conv2d_backward_data(dy, w, problem.x_shape, **geometry(problem), **kw)
+            ref = conv2d_backward_data_reference(dy, w, problem.x_shape, **geometry(problem))
+    elif op == "conv2d_backward_weight":
+        out = convlib.conv2d_backward_weight(x, dy, problem.w_shape, **geometry(problem), **kw)
+        ref = conv2d_backward_weight_reference(x, dy, problem.w_shape, **geometry(problem))
+    else:
+        out = convlib.conv2d_backward_bias(dy, **kw)
+        ref = dy.astype(np.float64).sum(axis=(0, 2, 3))
+    for a in (x, w, dy):  # inputs are never modified
+        np.testing.assert_array_equal(a, originals[id(a)])
+    return out, ref
+
+
+def _output_padding(problem):
+    """The output_padding that makes conv_transpose2d's result the forward problem's x."""
+    top, bottom, left, right = problem.padding
+    sh, sw = problem.stride
+    dh, dw = problem.dilation
+    oh = problem.H - ((problem.P - 1) * sh - top - bottom + dh * (problem.R - 1) + 1)
+    ow = problem.W - ((problem.Q - 1) * sw - left - right + dw * (problem.S - 1) + 1)
+    return oh, ow
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("op, backend, algo", backward_entries())
+def test_matches_reference(op, backend, algo, case, dtype, rng):
+    problem = make_case(case, dtype)
+    probe = ConvProblem(**{**problem.__dict__, "operation": op, "has_bias": False})
+    reason = registry.unsupported_reason(op, backend, algo, probe)
+    if reason is not None:
+        with pytest.raises(NotImplementedError, match="Algorithms that can: "):
+            run_operation(op, backend, algo, problem, rng)
+        return
+    out, ref = run_operation(op, backend, algo, problem, rng)
+    out = np.asarray(out)
+    assert out.shape == ref.shape and out.dtype == np.dtype(dtype)
+    err = relative_error(out, ref)
+    assert err <= TOLERANCE[dtype], f"{op} {backend}/{algo} {problem.describe()}: relative error {err:.3e}"
+
+
+@pytest.mark.parametrize("case", ["3x3-pad1-bias", "RneS-stride-2x1-asympad", "dilation-1x3-stride3", "groups3",
+                                  "stem-7x7-s2"])
+@pytest.mark.parametrize("backend, algo", [pytest.param(b, a, id=f"{b}-{a}")
+                                           for _, b, a in registry.entries("conv2d_backward_data")])
+def test_conv_transpose2d_matches_reference(backend, algo, case, rng):
+    problem = make_case(case, "float64")
+    probe = ConvProblem(**{**problem.__dict__, "operation": "conv2d_backward_data"})
+    if registry.unsupported_reason("conv2d_backward_data", backend, algo, probe) is not None:
+        pytest.skip(f"{algo} does not serve {case}")
+    out, ref = run_operation("conv2d_backward_data", backend, algo, problem, rng, with_bias=True)
+    assert relative_error(np.asarray(out), ref) <= TOLERANCE["float64"]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_adjoint_identity(case, rng):
+    """``<conv2d(x, w), dy> == <x, dx> == <w, dw>``: the three passes are one linear map's
+    three faces, checked with convlib alone (auto's choices) in float64."""
+    problem = make_case(case, "float64")
+    x = rng.standard_normal(problem.x_shape)
+    w = rng.standard_normal(problem.w_shape)
+    dy = rng.standard_normal(problem.y_shape)
+    g = geometry(problem)
+    y = convlib.conv2d(x, w, **g)
+    dx = convlib.conv2d_backward_data(dy, w, problem.x_shape, **g)
+    dw = convlib.conv2d_backward_weight(x, dy, problem.w_shape, **g)
+    forward = np.vdot(y, dy)
+    scale = np.linalg.norm(y) * np.linalg.norm(dy)
+    assert abs(np.vdot(x, dx) - forward) <= 1e-12 * scale
+    assert abs(np.vdot(w, dw) - forward) <= 1e-12 * scale
+
+
+@pytest.mark.parametrize("case", ["3x3-pad1-bias", "RneS-stride-2x1-asympad", "dilation2", "groups3", "depthwise",
+                                  "same-even-2x2", "stem-7x7-s2"])
+def test_references_agree_with_pytorch(case, rng):
+    """The float64 definitions of :mod:`convlib.testing` against ``torch.nn.grad`` and
+    ``F.conv_transpose2d`` (padding given to PyTorch by ``F.pad`` where it is asymmetric)."""
+    torch = pytest.importorskip("torch")
+    problem = make_case(case, "float64")
+    x = rng.standard_normal(problem.x_shape)
+    w = rng.standard_normal(problem.w_shape)
+    dy = rng.standard_normal(problem.y_shape)
+    top, bottom, left, right = problem.padding
+    xt = torch.tensor(x, requires_grad=True)
+    wt = torch.tensor(w, requires_grad=True)
+    yt = torch.nn.functional.conv2d(torch.nn.functional.pad(xt, (left, right, top, bottom)), wt,
+                                    stride=problem.stride, dilation=problem.dilation, groups=problem.groups)
+    yt.backward(torch.tensor(dy))
+    g = geometry(problem)
+    np.testing.assert_allclose(conv2d_backward_data_reference(dy, w, problem.x_shape, **g), xt.grad.numpy(),
+                               rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(conv2d_backward_weight_reference(x, dy, problem.w_shape, **g), wt.grad.numpy(),
+                               rtol=1e-10, atol=1e-10)
+    if top == bottom and left == right:
+        np.testing.assert_allclose(
+            convlib.conv2d_backward_data(dy, w, problem.x_shape, **g),
+            torch.nn.grad.conv2d_input(problem.x_shape, wt.detach(), torch.tensor(dy), stride=problem.stride,
+                                       padding=(top, left), dilation=problem.dilation, groups=problem.groups),
+            rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(
+            convlib.conv2d_backward_weight(x, dy, problem.w_shape, **g),
+            torch.nn.grad.conv2d_weight(torch.tensor(x), problem.w_shape, torch.tensor(dy), stride=problem.stride,
+                                        padding=(top, left), dilation=problem.dilation, groups=problem.groups),
+            rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("stride, padding, output_padding, dilation, groups", [
+    (2, 1, 1, 1, 1), ((1, 2), (0, 1), (0, 1), 1, 1), (1, 1, 1, 2, 1), (3, 0, 2, 1, 2), (2, "valid", 0, 1, 2),
+    (1, "same", 0, (2, 1), 1),
+])
+def test_conv_transpose2d_matches_pytorch(stride, padding, output_padding, dilation, groups, rng):
+    torch = pytest.importorskip("torch")
+    x = rng.standard_normal((2, 4, 5, 6))
+    w = rng.standard_normal((4, 6 // groups, 3, 2))
+    b = rng.standard_normal(6)
+    y = convlib.conv_transpose2d(x, w, b, stride=stride, padding=padding, output_padding=output_padding,
+                                 dilation=dilation, groups=groups)
+    if padding == "valid":
+        padding = 0
+    if padding == "same":
+        padding = (2, 0)  # what 'same' is for this filter and dilation: (3-1)*2/2 rows, (2-1)/2 columns
+        y = y[:, :, :, :]
+        # PyTorch has no 'same' for transposed convolutions; ours crops as conv2d's 'same' pads:
+        # the even-width filter's extra column comes off the right.
+        t = torch.nn.functional.conv_transpose2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), stride=stride,
+                                                 padding=padding, dilation=dilation, groups=groups).numpy()
+        np.testing.assert_allclose(y, t[:, :, :, :y.shape[3]], rtol=1e-10, atol=1e-10)
+        return
+    t = torch.nn.functional.conv_transpose2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), stride=stride,
+                                             padding=padding, output_padding=output_padding, dilation=dilation,
+                                             groups=groups).numpy()
+    assert y.shape == t.shape
+    np.testing.assert_allclose(y, t, rtol=1e-10, atol=1e-10)
+
+
+# -- results in the kind of the input, empty batches ------------------------------------------
+def test_results_follow_the_input_kind():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    w = torch.randn(4, 3, 3, 3, dtype=torch.float64)
+    dy = torch.randn(2, 4, 4, 4, dtype=torch.float64)
+    assert isinstance(convlib.conv2d_backward_data(dy, w, (2, 3, 6, 6)), torch.Tensor)
+    assert isinstance(convlib.conv2d_backward_weight(x, dy, (4, 3, 3, 3)), torch.Tensor)
+    assert isinstance(convlib.conv2d_backward_bias(dy), torch.Tensor)
+    assert isinstance(convlib.conv_transpose2d(dy, w), torch.Tensor)
+    assert isinstance(convlib.conv2d_backward_data(dy.numpy().tolist(), w.numpy(), (2, 3, 6, 6)), np.ndarray)
+
+
+@pytest.mark.parametrize("op, backend, algo", backward_entries())
+def test_empty_batch(op, backend, algo):
+    device = device_for(backend)
+    x = np.zeros((0, 4, 6, 6), np.float32)
+    w = np.ones((2, 4, 3, 3), np.float32)
+    dy = np.zeros((0, 2, 4, 4), np.float32)
+    if op == "conv2d_backward_data":
+        out = convlib.conv2d_backward_data(dy, w, x.shape, algo=algo, device=device)
+        assert out.shape == x.shape
+    elif op == "conv2d_backward_weight":
+        out = convlib.conv2d_backward_weight(x, dy, w.shape, algo=algo, device=device)
+        np.testing.assert_array_equal(np.asarray(out), np.zeros(w.shape, np.float32))
+    else:
+        np.testing.assert_array_equal(np.asarray(convlib.conv2d_backward_bias(dy, algo=algo, device=device)),
+                                      np.zeros(2, np.float32))
+
+
+# -- errors --------------------------------------------------------------------------------
+def f32(*shape):
+    return np.zeros(shape, np.float32)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: convlib.conv2d_backward_data(f32(2, 4, 5, 5), f32(4, 3, 3, 3), (2, 3, 8, 8)), ValueError,
+     r"dy has shape \(2, 4, 5, 5\).*\(2, 4, 6, 6\)"),
+    (lambda: convlib.conv2d_backward_data(f32(2, 4, 6, 6), f32(4, 3, 3, 3), (2, 3, 8)), ValueError, "x_shape="),
+    (lambda: convlib.conv2d_backward_data(f32(2, 4, 6, 6), f32(4, 3, 3, 3), "2,3,8,8"), TypeError, "x_shape="),
+    (lambda: convlib.conv2d_backward_data(f32(2, 4, 6, 6), f32(4, 3, 3, 3), (2, 3.0, 8, 8)), TypeError, "x_shape="),
+    (lambda: convlib.conv2d_backward_data(f32(2, 4, 6, 6), np.zeros((4, 3, 3, 3)), (2, 3, 8, 8)), TypeError,
+     "dy has dtype float32 but w has dtype float64"),
+    (lambda: convlib.conv2d_backward_data(f32(2, 4, 6, 6), f32(4, 2, 3, 3), (2, 3, 8, 8)), ValueError,
+     "second dimension must be C/groups"),
+    (lambda: convlib.conv2d_backward_data(None, f32(4, 3, 3, 3), (2, 3, 8, 8)), TypeError, "dy=None"),
+    (lambda: convlib.conv2d_backward_data(f32(2, 4, 6, 6), f32(4, 3, 3, 3), (2, 3, 8, 8), stride=0), ValueError,
+     "stride=0"),
+    (lambda: convlib.conv2d_backward_data(f32(2, 4, 6, 6), f32(4, 3, 3, 3), (2, 3, 8, 8), algo="fft"), ValueError,
+     "algo='fft'"),
+    (lambda: convlib.conv2d_backward_weight(f32(2, 3, 8, 8), f32(2, 4, 6, 5), (4, 3, 3, 3)), ValueError,
+     r"dy has shape \(2, 4, 6, 5\)"),
+    (lambda: convlib.conv2d_backward_weight(f32(2, 3, 8, 8), f32(2, 4, 6, 6), (4, 3, 3)), ValueError, "w_shape="),
+    (lambda: convlib.conv2d_backward_weight(f32(2, 3, 8, 8), np.zeros((2, 4, 6, 6)), (4, 3, 3, 3)), TypeError,
+     "x has dtype float32 but dy has dtype float64"),
+    (lambda: convlib.conv2d_backward_weight(f32(2, 3, 8, 8), f32(2, 4, 6, 6), (4, 3, 3, 3), groups=2), ValueError,
+     "groups=2"),
+    (lambda: convlib.conv2d_backward_weight(np.zeros((2, 3, 8, 8), np.int32), f32(2, 4, 6, 6), (4, 3, 3, 3)),
+     TypeError, "x has dtype int32"),
+    (lambda: convlib.conv2d_backward_bias(f32(2, 4, 6)), ValueError, "dy must be 4-D"),
+    (lambda: convlib.conv2d_backward_bias(np.zeros((2, 4, 6, 6), np.float16)), TypeError, "dy has dtype float16"),
+    (lambda: convlib.conv_transpose2d(f32(1, 4, 5, 5), f32(4, 2, 3, 3), stride=2, output_padding=2), ValueError,
+     r"output_padding=2: .*smaller than the stride \(2\) or the dilation \(1\)"),
+    (lambda: convlib.conv_transpose2d(f32(1, 4, 5, 5), f32(3, 2, 3, 3)), ValueError, "first dimension must be x's"),
+    (lambda: convlib.conv_transpose2d(f32(1, 4, 5, 5), f32(4, 2, 3, 3), groups=3), ValueError, "groups=3"),
+    (lambda: convlib.conv_transpose2d(f32(1, 4, 1, 1), f32(4, 2, 1, 1), padding=1), ValueError, "padding=1 is too large"),
+    (lambda: convlib.conv_transpose2d(f32(1, 4, 5, 5), f32(4, 2, 3, 3), f32(4)), ValueError, r"bias has shape \(4,\)"),
+    (lambda: convlib.conv_transpose2d(f32(1, 4, 5, 5), f32(4, 2, 3, 3), output_padding=-1), ValueError,
+     "output_padding=-1"),
+])
+def test_invalid_arguments_name_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_algorithms_lists_each_operation():
+    for op in BACKWARD_OPERATIONS:
+        assert "direct" in convlib.algorithms("cpu", op=op)
+    with pytest.raises(ValueError, match="op='conv3d'"):
+        convlib.algorithms("cpu", op="conv3d")
+
+
+def test_gradients_of_a_forward_convolution_by_finite_differences(rng):
+    """A check of the calculus itself: the directional derivative of ``0.5*|conv2d(x, w)|^2``
+    along random directions of x and w matches ``<dx, u>`` and ``<dw, v>`` (central differences
+    in float64)."""
+    x = rng.standard_normal((2, 3, 7, 6))
+    w = rng.standard_normal((4, 3, 3, 2))
+    kw = dict(stride=(2, 1), padding=(1, 0, 1, 1), dilation=(1, 2))
+
+    def loss(x_, w_):
+        return 0.5 * float(np.sum(conv2d_reference(x_, w_, **kw) ** 2))
+
+    dy = conv2d_reference(x, w, **kw)
+    dx = convlib.conv2d_backward_data(dy, w, x.shape, **kw)
+    dw = convlib.conv2d_backward_weight(x, dy, w.shape, **kw)
+    u, v, eps = rng.standard_normal(x.shape), rng.standard_normal(w.shape), 1e-6
+    assert np.isclose((loss(x + eps * u, w) - loss(x - eps * u, w)) / (2 * eps), np.vdot(dx, u), rtol=1e-6)
+    assert np.isclose((loss(x, w + eps * v) - loss(x, w - eps * v)) / (2 * eps), np.vdot(dw, v), rtol=1e-6)
