@@ -43,7 +43,9 @@ _IMPLEMENTATIONS: dict[tuple[str, str, str], str] = {
     ("conv2d", "cuda", "im2col"): "convlib.cuda.im2col",
     ("conv2d", "cuda", "blis"): "convlib.cuda.blis",
     ("conv2d_backward_data", "cpu", "direct"): "convlib.cpu.direct_backward:DATA",
+    ("conv2d_backward_data", "cpu", "im2col"): "convlib.cpu.im2col_backward:DATA",
     ("conv2d_backward_weight", "cpu", "direct"): "convlib.cpu.direct_backward:WEIGHT",
+    ("conv2d_backward_weight", "cpu", "im2col"): "convlib.cpu.im2col_backward:WEIGHT",
     ("conv2d_backward_bias", "cpu", "direct"): "convlib.cpu.bias_gradient",
 }
 
