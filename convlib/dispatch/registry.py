@@ -44,9 +44,16 @@ _IMPLEMENTATIONS: dict[tuple[str, str, str], str] = {
     ("conv2d", "cuda", "blis"): "convlib.cuda.blis",
     ("conv2d_backward_data", "cpu", "direct"): "convlib.cpu.direct_backward:DATA",
     ("conv2d_backward_data", "cpu", "im2col"): "convlib.cpu.im2col_backward:DATA",
+    ("conv2d_backward_data", "cpu", "blis"): "convlib.cpu.blis_backward:DATA",
     ("conv2d_backward_weight", "cpu", "direct"): "convlib.cpu.direct_backward:WEIGHT",
     ("conv2d_backward_weight", "cpu", "im2col"): "convlib.cpu.im2col_backward:WEIGHT",
     ("conv2d_backward_bias", "cpu", "direct"): "convlib.cpu.bias_gradient",
+    ("conv2d_backward_data", "sycl", "direct"): "convlib.sycl.direct_backward:DATA",
+    ("conv2d_backward_weight", "sycl", "direct"): "convlib.sycl.direct_backward:WEIGHT",
+    ("conv2d_backward_bias", "sycl", "direct"): "convlib.sycl.bias_gradient",
+    ("conv2d_backward_data", "cuda", "direct"): "convlib.cuda.direct_backward:DATA",
+    ("conv2d_backward_weight", "cuda", "direct"): "convlib.cuda.direct_backward:WEIGHT",
+    ("conv2d_backward_bias", "cuda", "direct"): "convlib.cuda.bias_gradient",
 }
 
 
