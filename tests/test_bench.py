@@ -223,6 +223,25 @@ def test_cli_custom_smoke(tmp_path, capsys):
     assert png.exists()
 
 
+@pytest.mark.parametrize("op", ["backward_data", "backward_weight", "backward_bias"])
+def test_cli_times_the_backward_passes_against_pytorch(op, tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "results"
+    rc = main(["custom", "--shape", "2,4,10,9,6,3,3", "--stride", "2,1", "--padding", "1", "--op", op,
+               "--repeats", "1", "--warmup", "0", "--gap-ms", "0", "--baseline", "torch,scipy",
+               "--out", str(out), "--no-progress"])
+    assert rc == 0
+    [json_path] = out.glob(f"custom-{op}-*.json")
+    data = json.loads(json_path.read_text())
+    assert data["config"]["operation"] == f"conv2d_{op}"
+    records = {r["name"]: r for r in data["records"]}
+    assert set(records) == set(runner.default_algorithms("cpu", f"conv2d_{op}")) | {"torch", "scipy"}
+    assert records["scipy"]["status"] == "unsupported"
+    for name, r in records.items():
+        if name != "scipy":
+            assert r["status"] == "ok" and r["reference"] == "torch-float64" and r["rel_error"] <= 1e-5, r
+
+
 def test_gemm_check_times_the_same_product_three_ways():
     """The "blis gemm" candidate is the layer's GEMM (M x K by K x N) through the blis driver:
     its answer is numpy's ``a @ b``, and the conv candidate answers the layer itself."""

@@ -76,6 +76,24 @@ def _limit(text):
         raise argparse.ArgumentTypeError(f"--limit {text!r}: expected an int or start:stop") from None
 
 
+#: ``--op`` values: the forward convolution and its backward passes (short names).
+OPERATION_NAMES = ("conv2d", "backward_data", "backward_weight", "backward_bias")
+
+
+def operation_case(case, op: str):
+    """``case`` with its problem turned into the backward pass ``op`` of the same layer."""
+    import dataclasses
+
+    from ..core.problem import make_backward_bias_problem
+
+    problem = case.problem
+    if op == "backward_bias":
+        problem = make_backward_bias_problem(problem.y_shape, problem.dtype)
+    else:
+        problem = dataclasses.replace(problem, operation=f"conv2d_{op}", has_bias=False)
+    return dataclasses.replace(case, problem=problem)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m convlib.bench",
@@ -97,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--baseline", default=None, metavar="LIST",
                    help="comma-separated baselines: torch, opencv (cv2.filter2D, for one-channel and per-channel "
                         "filters), scipy, or none (default: opencv,torch for the filters suite, torch otherwise)")
+    g.add_argument("--op", default="conv2d", choices=OPERATION_NAMES,
+                   help="the operation timed on each shape: the forward convolution (default) or one of its "
+                        "backward passes (against torch.nn.grad's)")
     g.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     g.add_argument("--batch", type=int, default=8, help="the batch size of resnet50 and mobilenet (default 8)")
     g.add_argument("--quick", action="store_true",
@@ -210,6 +231,8 @@ def main(argv=None) -> int:
                              bias=args.bias)
     except (TypeError, ValueError) as exc:
         build_parser().error(str(exc))
+    if args.op != "conv2d":
+        cases = [operation_case(c, args.op) for c in cases]
     if args.match is not None:
         cases = [c for c in cases if args.match in c.label]
     if args.limit is not None:
@@ -239,7 +262,7 @@ def main(argv=None) -> int:
     per_device = {}
     for d in devices:
         try:
-            per_device[d] = algos[d] if algos else runner.default_algorithms(d)
+            per_device[d] = algos[d] if algos else runner.default_algorithms(d, cases[0].problem.operation)
         except (ValueError, ImportError) as exc:
             build_parser().error(f"--device {d}: {exc}")
 
@@ -253,9 +276,10 @@ def main(argv=None) -> int:
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"{args.suite}{'-' + args.tag if args.tag else ''}-{stamp}"
+    op_tag = "" if args.op == "conv2d" else f"-{args.op}"
+    stem = args.out / f"{args.suite}{op_tag}{'-' + args.tag if args.tag else ''}-{stamp}"
     config = {
-        "suite": args.suite, "cases": [c.label for c in cases], "devices": devices, "algorithms": per_device,
+        "suite": args.suite, "operation": cases[0].problem.operation, "cases": [c.label for c in cases], "devices": devices, "algorithms": per_device,
         "baselines": baselines, "dtype": args.dtype, "batch": args.batch if args.suite in ("resnet50", "mobilenet") else None,
         "repeats": repeats, "warmup": args.warmup, "threads": threads, "max_seconds": args.max_seconds,
         "scipy_max_seconds": args.scipy_max_seconds, "gap_ms": args.gap_ms, "check": not args.no_check,

@@ -86,8 +86,9 @@ def memory_shortfall(plan: Plan) -> str | None:
             f"skipped rather than risk the out-of-memory killer")
 
 
-def convlib_candidates(problem: ConvProblem, device: str, algos, x, w, bias) -> list[Candidate | Skipped]:
-    """One candidate per algorithm of ``algos`` (``"auto"`` allowed) on ``device``.
+def convlib_candidates(problem: ConvProblem, device: str, algos, *inputs) -> list[Candidate | Skipped]:
+    """One candidate per algorithm of ``algos`` (``"auto"`` allowed) on ``device``, computing
+    ``problem.operation`` on ``inputs`` (its arrays: ``x, w, bias`` for ``conv2d``).
 
     Inputs are placed on the device here, once. Algorithms that cannot serve the problem, or
     whose module cannot be imported, come back as :class:`Skipped`, and so do CPU algorithms
@@ -95,30 +96,31 @@ def convlib_candidates(problem: ConvProblem, device: str, algos, x, w, bias) -> 
     """
     target = resolve_device(device)
     backend, handle = target.backend, target.handle
+    operation = problem.operation
     arrays = None
 
     def to_host(y):
-        return np.asarray(backend.finish(y, x, handle))
+        return np.asarray(backend.finish(y, inputs[0], handle))
 
     out: list[Candidate | Skipped] = []
     for algo in algos:
         try:
-            why_not = None if algo == "auto" else registry.unsupported_reason("conv2d", backend.name, algo, problem)
+            why_not = None if algo == "auto" else registry.unsupported_reason(operation, backend.name, algo, problem)
             if why_not is not None:
                 out.append(Skipped(algo, device, "convlib", "unsupported", why_not))
                 continue
-            plan = plan_for("conv2d", problem, target, algo)
+            plan = plan_for(operation, problem, target, algo)
             short = memory_shortfall(plan) if backend.name == "cpu" else None
             if short is not None:
                 note = f"-> {plan.algorithm}: {short}" if algo == "auto" else short
                 out.append(Skipped(algo, device, "convlib", "skipped", note))
                 continue
             if arrays is None:
-                arrays = plan.prepare(x, w, bias)
+                arrays = plan.prepare(*inputs)
             if algo == "auto":
                 def call_auto(arrays=arrays):
                     # What conv2d(algo="auto") does per call: choose, then run.
-                    auto = plan_for("conv2d", problem, target, "auto")
+                    auto = plan_for(operation, problem, target, "auto")
                     y = auto.execute(*arrays)
                     backend.synchronize(handle)
                     return y
@@ -158,6 +160,45 @@ def torch_conv(problem: ConvProblem, x, w, bias, dtype=None) -> Callable[[], Any
             with torch.no_grad():
                 return F.conv2d(F.pad(xt, (left, right, top, bottom)), wt, bt, problem.stride, 0,
                                 problem.dilation, problem.groups)
+    return call
+
+
+def torch_gradient_unsupported(problem: ConvProblem) -> str | None:
+    """Why ``torch.nn.grad`` cannot compute ``problem`` (a backward pass), or None."""
+    top, bottom, left, right = problem.padding
+    if problem.operation == "conv2d_backward_bias":
+        return None
+    if top != bottom or left != right:
+        return f"torch.nn.grad takes symmetric padding only, got {problem.padding}"
+    return None
+
+
+def torch_gradient(problem: ConvProblem, *arrays, dtype=None) -> Callable[[], Any]:
+    """PyTorch's own kernels for a backward pass: ``torch.nn.grad.conv2d_input`` (oneDNN's
+    backward data), ``conv2d_weight`` (backward weights), ``dy.sum((0, 2, 3))`` for the bias;
+    inputs shared with numpy, not copied (``dtype`` converts them first, for references)."""
+    import torch
+
+    tensors = [torch.from_numpy(a if dtype is None else a.astype(dtype)) for a in arrays if a is not None]
+    geometry = dict(stride=problem.stride, padding=(problem.padding[0], problem.padding[2]),
+                    dilation=problem.dilation, groups=problem.groups)
+    if problem.operation == "conv2d_backward_data":
+        dy, w = tensors[:2]
+        bias = tensors[2] if len(tensors) > 2 else None
+
+        def call():
+            dx = torch.nn.grad.conv2d_input(problem.x_shape, w, dy, **geometry)
+            return dx if bias is None else dx + bias[None, :, None, None]
+    elif problem.operation == "conv2d_backward_weight":
+        x, dy = tensors
+
+        def call():
+            return torch.nn.grad.conv2d_weight(x, problem.w_shape, dy, **geometry)
+    else:
+        (dy,) = tensors
+
+        def call():
+            return dy.sum((0, 2, 3))
     return call
 
 
@@ -218,7 +259,26 @@ def scipy_estimate_s(problem: ConvProblem, x, w) -> float:
     return (time.perf_counter() - t0) * problem.N * problem.K
 
 
-def baseline_candidates(problem: ConvProblem, baselines, x, w, bias, *, scipy_max_seconds: float = 10.0
+def gradient_baselines(problem: ConvProblem, baselines, *inputs) -> list[Candidate | Skipped]:
+    """The baselines of a backward pass: PyTorch's (:func:`torch_gradient`); OpenCV and scipy
+    have none."""
+    out: list[Candidate | Skipped] = []
+    for name in baselines:
+        if name != "torch":
+            out.append(Skipped(name, "cpu", "baseline", "unsupported", f"{name} has no {problem.operation}"))
+            continue
+        why_not = torch_gradient_unsupported(problem)
+        if why_not is not None:
+            out.append(Skipped("torch", "cpu", "baseline", "unsupported", why_not))
+            continue
+        try:
+            out.append(Candidate("torch", "cpu", "baseline", torch_gradient(problem, *inputs), lambda y: y.numpy()))
+        except ImportError as exc:
+            out.append(Skipped("torch", "cpu", "baseline", "unavailable", f"cannot import torch: {exc}"))
+    return out
+
+
+def baseline_candidates(problem: ConvProblem, baselines, *inputs, scipy_max_seconds: float = 10.0
                         ) -> list[Candidate | Skipped]:
     """Candidates for the baselines named in ``baselines`` (of :data:`BASELINES`), on the CPU.
 
@@ -226,6 +286,9 @@ def baseline_candidates(problem: ConvProblem, baselines, x, w, bias, *, scipy_ma
     problems ``filter2D`` cannot express (:func:`opencv_unsupported`).
     """
     out: list[Candidate | Skipped] = []
+    if problem.operation != "conv2d":
+        return out + gradient_baselines(problem, baselines, *inputs)
+    x, w, bias = inputs
     for name in baselines:
         if name == "torch":
             try:
@@ -254,9 +317,9 @@ def baseline_candidates(problem: ConvProblem, baselines, x, w, bias, *, scipy_ma
     return out
 
 
-def default_algorithms(device: str) -> list[str]:
-    """Every algorithm ``device`` offers, each implementation once (``winograd`` and ``winograd4``
-    would be timed twice for nothing), then ``auto``."""
-    return registry.distinct_algorithm_names(resolve_device(device).name) + ["auto"]
+def default_algorithms(device: str, operation: str = "conv2d") -> list[str]:
+    """Every algorithm ``device`` offers for ``operation``, each implementation once
+    (``winograd`` and ``winograd4`` would be timed twice for nothing), then ``auto``."""
+    return registry.distinct_algorithm_names(resolve_device(device).name, operation) + ["auto"]
 
 

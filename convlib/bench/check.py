@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.problem import ConvProblem
-from ..testing import TOLERANCE, conv2d_reference_for, relative_error
-from .candidates import torch_conv
+from ..testing import TOLERANCE, backward_reference_for, conv2d_reference_for, relative_error
+from .candidates import torch_conv, torch_gradient, torch_gradient_unsupported
 
 #: Extra factor allowed when the reference itself is computed in the problem's dtype (PyTorch in
 #: float32 has rounding errors of its own, of the same order as ours).
@@ -45,9 +45,14 @@ class Reference:
     tolerance: float
 
 
-def reference_for(problem: ConvProblem, x, w, bias) -> Reference:
-    """The best reference affordable for ``problem`` (see the module docstring)."""
+def reference_for(problem: ConvProblem, *inputs) -> Reference:
+    """The best reference affordable for ``problem`` (see the module docstring); a backward pass
+    is checked against PyTorch's in float64 or, without PyTorch, the definitions of
+    :mod:`convlib.testing`."""
     tol = TOLERANCE[problem.dtype]
+    if problem.operation != "conv2d":
+        return _gradient_reference(problem, *inputs)
+    x, w, bias = inputs
     small = (problem.N * (problem.C * problem.H * problem.W + problem.K * problem.P * problem.Q)
              <= FLOAT64_REFERENCE_MAX_ELEMENTS)
     try:
@@ -60,6 +65,19 @@ def reference_for(problem: ConvProblem, x, w, bias) -> Reference:
         return Reference(torch_conv(problem, x, w, bias, dtype="float64")().numpy(), "torch-float64", tol)
     y = torch_conv(problem, x, w, bias)().numpy()
     return Reference(y, f"torch-{problem.dtype}", tol * SAME_PRECISION_SLACK)
+
+
+def _gradient_reference(problem: ConvProblem, *inputs) -> Reference:
+    tol = TOLERANCE[problem.dtype]
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        if problem.flops <= SCIPY_REFERENCE_MAX_FLOPS:
+            return Reference(backward_reference_for(problem, *inputs), "definition-float64", tol)
+        return Reference(None, "none", math.inf)
+    if torch_gradient_unsupported(problem) is None:
+        return Reference(torch_gradient(problem, *inputs, dtype="float64")().numpy(), "torch-float64", tol)
+    return Reference(backward_reference_for(problem, *inputs), "definition-float64", tol)
 
 
 __all__ = ["Reference", "reference_for", "relative_error", "TOLERANCE"]

@@ -71,19 +71,19 @@ def run_problem(
         compile_s, median_s, min_s, q25_s, q75_s, iqr_s, repeats, times_s, rel_error,
         reference``.
     """
-    x, w, bias = random_inputs(problem, seed)
+    inputs = random_inputs(problem, seed)
     # The reference first, so the memory check of the candidates sees what it takes.
-    reference = reference_for(problem, x, w, bias) if check else Reference(None, "none", math.inf)
+    reference = reference_for(problem, *inputs) if check else Reference(None, "none", math.inf)
     candidates: list[Candidate | Skipped] = []
     for device in devices:
         device_algos = algos.get(device) if algos else None
         if device_algos is None:
-            device_algos = default_algorithms(device)
+            device_algos = default_algorithms(device, problem.operation)
         try:
-            candidates += convlib_candidates(problem, device, device_algos, x, w, bias)
+            candidates += convlib_candidates(problem, device, device_algos, *inputs)
         except (ValueError, ImportError) as exc:
             candidates += [Skipped(a, device, "convlib", "unavailable", str(exc)) for a in device_algos]
-    candidates += baseline_candidates(problem, baselines, x, w, bias, scipy_max_seconds=scipy_max_seconds)
+    candidates += baseline_candidates(problem, baselines, *inputs, scipy_max_seconds=scipy_max_seconds)
     runnable = {c.key: c for c in candidates if isinstance(c, Candidate)}
     if tick is not None:
         tick(planned_calls(len(candidates) - len(runnable), repeats, warmup))

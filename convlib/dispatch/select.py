@@ -108,10 +108,25 @@ def _cuda_rules(problem: ConvProblem) -> list[tuple[str, str]]:
 _RULES = {"cpu": _cpu_rules, "sycl": _sycl_rules, "cuda": _cuda_rules}
 
 
+def _cpu_gradient_rules(problem: ConvProblem) -> list[tuple[str, str]]:
+    # Measured on ResNet-50 v1.5's layers at batch 8 (python -m convlib.bench resnet50 --op ...,
+    # docs/benchmarks.md): for the data pass blis beat im2col on every layer and direct by 5-20x;
+    # for the weight pass im2col (BLAS) beat direct on every layer.
+    if problem.operation == "conv2d_backward_data":
+        return [("blis", "backward data: the GEMM W^T dY with col2im in its store (no column matrix)")]
+    if problem.operation == "conv2d_backward_weight":
+        return [("im2col", "backward weight: dY im2col(X)^T by BLAS, the batch in chunks under the workspace cap")]
+    return []
+
+
+_GRADIENT_RULES = {"cpu": _cpu_gradient_rules}
+
+
 def rule_choice(problem: ConvProblem, backend: str, candidates: list[str]) -> tuple[str, str]:
     """``(algorithm, reason)`` by the backend's rules alone: the first rule whose algorithm is
     among ``candidates`` (what ``auto`` runs when nothing was measured for ``problem``)."""
-    for algo, why in _RULES.get(backend, lambda p: [])(problem):
+    rules = _RULES if problem.operation == "conv2d" else _GRADIENT_RULES
+    for algo, why in rules.get(backend, lambda p: [])(problem):
         if algo in candidates:
             return algo, why
     return candidates[0], "the first algorithm that can serve this problem"
