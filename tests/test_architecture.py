@@ -10,12 +10,15 @@ the bottom (docs/architecture.md):
 2. ``convlib.dispatch`` -- devices, registry, selection, tuning, plans;
 3. ``convlib.api``, ``convlib.tune`` -- the public functions;
 4. ``convlib`` (its ``__init__``) -- the public names;
-5. ``convlib.bench``, ``convlib.testing`` -- tools on top.
+5. ``convlib.bench``, ``convlib.testing`` -- tools on top; ``convlib.torch``, ``convlib.jax`` --
+   the framework integrations, which only ``import convlib.torch`` (``.jax``) loads.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import convlib
@@ -28,7 +31,7 @@ FLOORS = (
     (1, ("convlib.cpu", "convlib.sycl", "convlib.cuda")),
     (2, ("convlib.dispatch",)),
     (3, ("convlib.api", "convlib.tune")),
-    (5, ("convlib.bench", "convlib.testing")),
+    (5, ("convlib.bench", "convlib.testing", "convlib.torch", "convlib.jax")),
 )
 BACKENDS = ("convlib.cpu", "convlib.sycl", "convlib.cuda")
 
@@ -154,3 +157,10 @@ def test_the_checks_can_fail():
     assert "convlib.sycl.tables" in graph["convlib.bench.sycl"]  # a function-level one
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert floor_of("convlib.core.problem") < floor_of("convlib.cpu.direct") < floor_of("convlib.dispatch.plan")
+
+
+def test_import_convlib_loads_no_framework():
+    """The framework integrations are optional extras: ``import convlib`` must not need them."""
+    code = ("import sys, convlib; loaded = {'torch', 'jax', 'convlib.torch', 'convlib.jax'} & set(sys.modules); "
+            "assert not loaded, loaded")
+    subprocess.run([sys.executable, "-c", code], check=True)

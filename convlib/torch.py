@@ -1,0 +1,317 @@
+"""convlib in PyTorch: convolution ops that autograd, ``torch.compile`` and ``torch.library``
+know, and :class:`Conv2d`, a drop-in :class:`torch.nn.Conv2d` that computes with convlib.
+
+>>> import torch, convlib.torch
+>>> layer = convlib.torch.Conv2d(3, 8, 3, padding=1)      # nn.Conv2d's arguments, plus algo=
+>>> y = layer(torch.randn(2, 3, 16, 16))                   # forward through convlib
+>>> y.sum().backward()                                     # both backward passes through convlib
+
+Four operators are registered with :func:`torch.library.custom_op` under the ``convlib``
+namespace (``torch.ops.convlib.*``), each computing with the public function of the same name:
+
+========================================  ===============================================
+``convlib::conv2d``                       :func:`convlib.conv2d` (input, weight, bias)
+``convlib::conv2d_backward_data``         :func:`convlib.conv2d_backward_data`
+``convlib::conv2d_backward_weight``       :func:`convlib.conv2d_backward_weight`
+``convlib::conv2d_backward_bias``         :func:`convlib.conv2d_backward_bias`
+========================================  ===============================================
+
+Each has a fake (meta) implementation, so shapes propagate under ``torch.compile`` and
+``torch.export``, and an autograd formula made of the others: the forward's gradient is the three
+backward ops, and the backward ops, being linear in each argument, have gradients that are again
+the three convolutions, so gradients of any order go through convlib. Tensors on the CPU are
+computed by convlib's numba kernels without a copy; CUDA tensors by its numba-cuda backend.
+
+This module imports ``torch`` (``import convlib`` never does): import it as ``convlib.torch``.
+Inside it, ``torch`` is PyTorch (imports are absolute), never this module.
+"""
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .api import (
+    check_algo, conv2d as _convlib_conv2d, conv2d_backward_bias as _convlib_backward_bias,
+    conv2d_backward_data as _convlib_backward_data, conv2d_backward_weight as _convlib_backward_weight,
+)
+
+__all__ = ["Conv2d", "conv2d"]
+
+
+# ------------------------------------------------------------------------------------------
+# The arguments: what PyTorch accepts, as the ops' fixed schema takes it.
+# ------------------------------------------------------------------------------------------
+def _pair(name: str, value) -> tuple[int, int]:
+    """An int or a pair of ints as a pair; anything else goes through unchanged, for convlib's
+    validation (inside the op) to reject with its own message."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, value)
+    if isinstance(value, (tuple, list)) and len(value) == 1:  # PyTorch accepts (3,) for 3
+        return (value[0], value[0])
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return (value[0], value[1])
+    raise TypeError(f"{name}={value!r}: {name} must be an int or a pair of ints")
+
+
+def _padding(padding, kernel_size, stride, dilation) -> tuple[int, int, int, int]:
+    """``padding`` as ``(top, bottom, left, right)``.
+
+    The ops take four ints (their schema is fixed), so the strings are resolved here, the way
+    :func:`convlib.conv2d` resolves them (``"same"`` puts an odd remainder at the bottom and right,
+    as PyTorch does); ``tests/test_torch.py`` checks the two agree. Values are checked by convlib.
+    """
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0, 0, 0, 0)
+        if padding == "same":
+            if tuple(stride) != (1, 1):
+                raise ValueError(f"padding='same' needs stride 1, got stride={tuple(stride)}; "
+                                 "use an explicit padding with stride > 1")
+            th, tw = dilation[0] * (kernel_size[0] - 1), dilation[1] * (kernel_size[1] - 1)
+            return (th // 2, th - th // 2, tw // 2, tw - tw // 2)
+        raise ValueError(f"padding={padding!r}: allowed strings are 'valid' and 'same'")
+    if isinstance(padding, (tuple, list)) and len(padding) == 4:
+        return tuple(padding)
+    h, w = _pair("padding", padding)
+    return (h, h, w, w)
+
+
+def _output_size(size, pad_before, pad_after, kernel, stride, dilation):
+    """One spatial size of conv2d's output (SymInts welcome: fake tensors call this)."""
+    return (size + pad_before + pad_after - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _geometry(stride, padding, dilation, groups):
+    """The keyword arguments of convlib's functions, from the ops' list arguments."""
+    return dict(stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation), groups=groups)
+
+
+# ------------------------------------------------------------------------------------------
+# The operators.
+# ------------------------------------------------------------------------------------------
+@torch.library.custom_op("convlib::conv2d", mutates_args=())
+def _conv2d_op(x: Tensor, w: Tensor, bias: Optional[Tensor], stride: Sequence[int], padding: Sequence[int],
+               dilation: Sequence[int], groups: int, algo: str, backward_algo: str) -> Tensor:
+    """:func:`convlib.conv2d`; ``padding`` is ``(top, bottom, left, right)``, ``backward_algo``
+    the algorithm of its backward passes."""
+    return _convlib_conv2d(x, w, bias, **_geometry(stride, padding, dilation, groups), algo=algo)
+
+
+@_conv2d_op.register_fake
+def _(x, w, bias, stride, padding, dilation, groups, algo, backward_algo):
+    N, _, H, W = x.shape
+    K, _, R, S = w.shape
+    P = _output_size(H, padding[0], padding[1], R, stride[0], dilation[0])
+    Q = _output_size(W, padding[2], padding[3], S, stride[1], dilation[1])
+    return x.new_empty((N, K, P, Q))
+
+
+@torch.library.custom_op("convlib::conv2d_backward_data", mutates_args=())
+def _backward_data_op(dy: Tensor, w: Tensor, x_shape: Sequence[int], stride: Sequence[int],
+                      padding: Sequence[int], dilation: Sequence[int], groups: int, algo: str) -> Tensor:
+    """:func:`convlib.conv2d_backward_data`."""
+    return _convlib_backward_data(dy, w, tuple(x_shape), **_geometry(stride, padding, dilation, groups), algo=algo)
+
+
+@_backward_data_op.register_fake
+def _(dy, w, x_shape, stride, padding, dilation, groups, algo):
+    return dy.new_empty(x_shape)
+
+
+@torch.library.custom_op("convlib::conv2d_backward_weight", mutates_args=())
+def _backward_weight_op(x: Tensor, dy: Tensor, w_shape: Sequence[int], stride: Sequence[int],
+                        padding: Sequence[int], dilation: Sequence[int], groups: int, algo: str) -> Tensor:
+    """:func:`convlib.conv2d_backward_weight`."""
+    return _convlib_backward_weight(x, dy, tuple(w_shape), **_geometry(stride, padding, dilation, groups), algo=algo)
+
+
+@_backward_weight_op.register_fake
+def _(x, dy, w_shape, stride, padding, dilation, groups, algo):
+    return x.new_empty(w_shape)
+
+
+@torch.library.custom_op("convlib::conv2d_backward_bias", mutates_args=())
+def _backward_bias_op(dy: Tensor, algo: str) -> Tensor:
+    """:func:`convlib.conv2d_backward_bias`."""
+    return _convlib_backward_bias(dy, algo=algo)
+
+
+@_backward_bias_op.register_fake
+def _(dy, algo):
+    return dy.new_empty((dy.shape[1],))
+
+
+# ------------------------------------------------------------------------------------------
+# Their gradients. Every formula calls only these ops (and torch's expand), as
+# torch.library requires. The second-order formulas use algo="auto": an algorithm chosen for one
+# operation need not exist for another (conv2d_backward_bias has only "direct").
+# ------------------------------------------------------------------------------------------
+def _conv2d_setup(ctx, inputs, output):
+    x, w, bias, stride, padding, dilation, groups, algo, backward_algo = inputs
+    ctx.save_for_backward(x, w)
+    ctx.geometry = (stride, padding, dilation, groups)
+    ctx.backward_algo = backward_algo
+
+
+def _conv2d_backward(ctx, dy):
+    x, w = ctx.saved_tensors
+    dx = dw = db = None
+    if ctx.needs_input_grad[0]:
+        dx = _backward_data_op(dy, w, x.shape, *ctx.geometry, ctx.backward_algo)
+    if ctx.needs_input_grad[1]:
+        dw = _backward_weight_op(x, dy, w.shape, *ctx.geometry, ctx.backward_algo)
+    if ctx.needs_input_grad[2]:
+        db = _backward_bias_op(dy, "auto")
+    return dx, dw, db, None, None, None, None, None, None
+
+
+_conv2d_op.register_autograd(_conv2d_backward, setup_context=_conv2d_setup)
+
+
+def _backward_data_setup(ctx, inputs, output):
+    dy, w, x_shape, stride, padding, dilation, groups, algo = inputs
+    ctx.save_for_backward(dy, w)
+    ctx.geometry = (stride, padding, dilation, groups)
+
+
+def _backward_data_backward(ctx, g):
+    # dx is linear in dy and in w: <dx(dy, w), g> = <dy, conv2d(g, w)> = <w, dw(g, dy)>.
+    dy, w = ctx.saved_tensors
+    d_dy = d_w = None
+    if ctx.needs_input_grad[0]:
+        d_dy = _conv2d_op(g, w, None, *ctx.geometry, "auto", "auto")
+    if ctx.needs_input_grad[1]:
+        d_w = _backward_weight_op(g, dy, w.shape, *ctx.geometry, "auto")
+    return d_dy, d_w, None, None, None, None, None, None
+
+
+_backward_data_op.register_autograd(_backward_data_backward, setup_context=_backward_data_setup)
+
+
+def _backward_weight_setup(ctx, inputs, output):
+    x, dy, w_shape, stride, padding, dilation, groups, algo = inputs
+    ctx.save_for_backward(x, dy)
+    ctx.geometry = (stride, padding, dilation, groups)
+
+
+def _backward_weight_backward(ctx, g):
+    # dw is linear in x and in dy: <dw(x, dy), g> = <dy, conv2d(x, g)> = <x, dx(dy, g)>.
+    x, dy = ctx.saved_tensors
+    d_x = d_dy = None
+    if ctx.needs_input_grad[0]:
+        d_x = _backward_data_op(dy, g, x.shape, *ctx.geometry, "auto")
+    if ctx.needs_input_grad[1]:
+        d_dy = _conv2d_op(x, g, None, *ctx.geometry, "auto", "auto")
+    return d_x, d_dy, None, None, None, None, None, None
+
+
+_backward_weight_op.register_autograd(_backward_weight_backward, setup_context=_backward_weight_setup)
+
+
+def _backward_bias_setup(ctx, inputs, output):
+    ctx.dy_shape = inputs[0].shape
+
+
+def _backward_bias_backward(ctx, g):
+    return g[None, :, None, None].expand(ctx.dy_shape), None
+
+
+_backward_bias_op.register_autograd(_backward_bias_backward, setup_context=_backward_bias_setup)
+
+
+# ------------------------------------------------------------------------------------------
+# The public face.
+# ------------------------------------------------------------------------------------------
+def conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0, dilation=1,
+           groups: int = 1, *, algo: str = "auto", backward_algo: str = "auto") -> Tensor:
+    """:func:`torch.nn.functional.conv2d`, computed by convlib, with gradients (of any order).
+
+    Parameters
+    ----------
+    input : Tensor, shape (N, C, H, W)
+        float32 or float64, on the CPU or a CUDA GPU.
+    weight : Tensor, shape (K, C // groups, R, S)
+    bias : Tensor, shape (K,), optional
+    stride, padding, dilation, groups
+        As in :func:`torch.nn.functional.conv2d`; ``padding`` may also be ``(top, bottom, left,
+        right)``, as in :func:`convlib.conv2d`.
+    algo : str, default "auto"
+        The forward pass's algorithm, as :func:`convlib.conv2d`'s ``algo``.
+    backward_algo : str, default "auto"
+        The algorithm of the data and weight gradients (:func:`convlib.algorithms` with
+        ``op="conv2d_backward_data"`` or ``"conv2d_backward_weight"`` lists them). The bias
+        gradient and gradients of higher order use ``"auto"``.
+
+    Returns
+    -------
+    Tensor, shape (N, K, P, Q)
+        On the input's device, of its dtype, contiguous.
+
+    Raises
+    ------
+    TypeError, ValueError, NotImplementedError
+        As :func:`convlib.conv2d` (a dtype other than float32 and float64 included).
+    """
+    check_algo(algo)
+    check_algo(backward_algo)
+    stride, dilation = _pair("stride", stride), _pair("dilation", dilation)
+    padding = _padding(padding, weight.shape[2:], stride, dilation)
+    return _conv2d_op(input, weight, bias, stride, padding, dilation, groups, algo, backward_algo)
+
+
+class Conv2d(torch.nn.Conv2d):
+    """:class:`torch.nn.Conv2d` computed by convlib: the same constructor, parameters,
+    initialisation and ``state_dict``, so it loads and saves the checkpoints of ``nn.Conv2d``.
+
+    Parameters
+    ----------
+    in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
+    device, dtype
+        As :class:`torch.nn.Conv2d`. A ``padding_mode`` other than ``"zeros"`` pads with
+        :func:`torch.nn.functional.pad` first, as ``nn.Conv2d`` does.
+    algo : str, default "auto"
+        The forward pass's algorithm (:func:`convlib.conv2d`'s ``algo``).
+    backward_algo : str, default "auto"
+        The algorithm of the input and weight gradients (see :func:`conv2d`).
+
+    Notes
+    -----
+    Only the arithmetic changes: parameters are created and initialised by ``nn.Conv2d`` itself
+    (the same random draws, so the same seed gives the same weights), and the convolution is
+    :func:`conv2d` of this module. float32 and float64 only.
+
+    Examples
+    --------
+    >>> import torch, convlib.torch
+    >>> _ = torch.manual_seed(0); a = torch.nn.Conv2d(3, 4, 3)
+    >>> _ = torch.manual_seed(0); b = convlib.torch.Conv2d(3, 4, 3)
+    >>> bool(torch.equal(a.weight, b.weight))
+    True
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None, dtype=None, *,
+                 algo: str = "auto", backward_algo: str = "auto"):
+        super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding, dilation=dilation,
+                         groups=groups, bias=bias, padding_mode=padding_mode, device=device, dtype=dtype)
+        self.algo = check_algo(algo)
+        self.backward_algo = check_algo(backward_algo)
+
+    def _conv_forward(self, input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        if self.padding_mode != "zeros":
+            input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+            padding = 0
+        else:
+            padding = self.padding
+        return conv2d(input, weight, bias, self.stride, padding, self.dilation, self.groups,
+                      algo=self.algo, backward_algo=self.backward_algo)
+
+    def extra_repr(self) -> str:
+        s = super().extra_repr()
+        if self.algo != "auto":
+            s += f", algo={self.algo!r}"
+        if self.backward_algo != "auto":
+            s += f", backward_algo={self.backward_algo!r}"
+        return s
