@@ -230,8 +230,8 @@ def conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=
 
     Parameters
     ----------
-    input : Tensor, shape (N, C, H, W)
-        float32 or float64, on the CPU or a CUDA GPU.
+    input : Tensor, shape (N, C, H, W) or (C, H, W)
+        float32 or float64, on the CPU or a CUDA GPU. A 3-D input is one image, as in PyTorch.
     weight : Tensor, shape (K, C // groups, R, S)
     bias : Tensor, shape (K,), optional
     stride, padding, dilation, groups
@@ -246,8 +246,8 @@ def conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=
 
     Returns
     -------
-    Tensor, shape (N, K, P, Q)
-        On the input's device, of its dtype, contiguous.
+    Tensor, shape (N, K, P, Q) or (K, P, Q)
+        On the input's device, of its dtype.
 
     Raises
     ------
@@ -258,6 +258,8 @@ def conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=
     check_algo(backward_algo)
     stride, dilation = _pair("stride", stride), _pair("dilation", dilation)
     padding = _padding(padding, weight.shape[2:], stride, dilation)
+    if input.dim() == 3:  # one image (C, H, W), which torch.nn.functional.conv2d accepts too
+        return _conv2d_op(input[None], weight, bias, stride, padding, dilation, groups, algo, backward_algo)[0]
     return _conv2d_op(input, weight, bias, stride, padding, dilation, groups, algo, backward_algo)
 
 

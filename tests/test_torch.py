@@ -170,6 +170,22 @@ def test_conv2d_module_is_a_drop_in(config):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
+def test_unbatched_input_and_a_summed_output():
+    """A 3-D input (one image) as nn.Conv2d takes it; y.sum()'s gradient is an expanded tensor
+    (stride 0) and channels_last a permuted one: convlib reads both as they are."""
+    torch.manual_seed(1)
+    reference = torch.nn.Conv2d(3, 4, 3, padding=1)
+    layer = ct.Conv2d(3, 4, 3, padding=1)
+    layer.load_state_dict(reference.state_dict())
+    image = torch.randn(3, 6, 5)
+    torch.testing.assert_close(layer(image), reference(image))
+    x = torch.randn(2, 3, 6, 5).to(memory_format=torch.channels_last).requires_grad_()
+    got = torch.autograd.grad(layer(x).sum(), [x, layer.weight])
+    want = torch.autograd.grad(reference(x).sum(), [x, reference.weight])
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-4)
+
+
 def test_conv2d_module_loads_a_torch_checkpoint_and_takes_algo():
     reference = torch.nn.Conv2d(3, 8, 3, padding=1)
     layer = ct.Conv2d(3, 8, 3, padding=1, algo="im2col", backward_algo="direct")
