@@ -55,10 +55,12 @@ def zero_padded_input(problem, x):
 
 
 def bias_or_zeros(problem, bias, queue):
-    """The bias, or a zero bias, so one kernel serves both cases (no extra variant to compile)."""
+    """The bias, or a zero bias, so one kernel serves both cases (no extra variant to compile).
+
+    Its shape is the problem's ``bias_shape``: ``(K,)``, or ``(C,)`` for ``conv2d_backward_data``."""
     if bias is not None:
         return bias
-    return runtime.load().dpt.zeros((problem.K,), dtype=problem.dtype, sycl_queue=queue)
+    return runtime.load().dpt.zeros(problem.bias_shape, dtype=problem.dtype, sycl_queue=queue)
 
 
 _MADV_HUGEPAGE = 14  # Linux <sys/mman.h>

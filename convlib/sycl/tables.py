@@ -32,6 +32,11 @@ device's row as a :class:`SyclBlocking`. Override any of them for a while with
 ``winograd_chunk_bytes`` most bytes of one Winograd chunk's padded input, ``V`` and ``M``
 ``winograd_transform_wg`` work-group size along the tiles of the Winograd transform kernels
 ``huge_page_min_bytes``  device arrays at least this large are advised to use huge pages (CPU device)
+``backward_cb``          channels of ``dx`` per work-item of the backward-data kernel (register block;
+                         compile-time), keyed like the blocking knobs
+``backward_wg``          work-items per work-group of the backward-data kernel, over rows x columns of ``dx``
+``reduce_wg``            work-items per work-group of the backward-weight and bias-gradient kernels
+                         (one work-group per ``dw`` element or bias channel, reducing in local memory)
 =======================  ===========================================================================
 
 Two-dimensional work-groups over output rows x columns are shaped by
@@ -107,6 +112,21 @@ KNOBS = KnobTable("sycl", [
          "Winograd transform kernels"),
     Knob("huge_page_min_bytes", 4 * 2**20, "device arrays at least this large are advised to use "
          "transparent huge pages on CPU devices"),
+    # The backward passes (convlib/sycl/direct_backward.py, bias_gradient.py). Starting values by
+    # analogy with direct's (the same layout for backward data); not tuned: no timing was run yet.
+    Knob("backward_cb", {("cpu", "float32"): 8, ("cpu", "float64"): 8, ("gpu", "float32"): 8,
+                         ("gpu", "float64"): 8},
+         "channels of dx per work-item of the backward-data kernel (register block, a power of two dividing "
+         "C / groups; compile-time constant of the kernel)", keyed_by=("device kind", "dtype")),
+    Knob("backward_wg", {("cpu", "float32"): 2048, ("cpu", "float64"): 512, ("gpu", "float32"): 256,
+                         ("gpu", "float64"): 128},
+         "work-items per work-group of the backward-data kernel, over rows x columns of dx",
+         keyed_by=("device kind", "dtype")),
+    Knob("reduce_wg", {("cpu", "float32"): 64, ("cpu", "float64"): 64, ("gpu", "float32"): 256,
+                       ("gpu", "float64"): 256},
+         "work-items per work-group of the backward-weight and bias-gradient kernels: one work-group per "
+         "dw element (or bias channel) sums its products over rows x columns, then reduces in local memory",
+         keyed_by=("device kind", "dtype")),
 ])
 
 
