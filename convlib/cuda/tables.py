@@ -163,6 +163,22 @@ KNOBS = KnobTable("cuda", [
     Knob("simulator_elementwise_threads", 8, "the same under the simulator"),
     Knob("pixels_per_block", 256, "output pixels per thread block of im2col's column and bias kernels"),
     Knob("simulator_pixels_per_block", 8, "the same under the simulator"),
+    # The backward passes (convlib/cuda/direct_backward.py, bias_gradient.py): starting values, not
+    # yet timed on a GPU.
+    Knob("backward_data_threads", 256, "threads per block of the backward-data kernel (one dx value per thread, "
+         "a block's threads on consecutive pixels of one channel)"),
+    Knob("simulator_backward_data_threads", 8, "the same under the simulator"),
+    Knob("backward_weight_threads", 256, "threads per block of the backward-weight kernel (one dw element per "
+         "thread, consecutive threads on consecutive taps)"),
+    Knob("simulator_backward_weight_threads", 8, "the same under the simulator"),
+    Knob("backward_weight_parallelism", 2**20, "threads the backward-weight launch aims for: when dw has fewer "
+         "elements, the batch's output rows are split into about this many / elements parts (at most 65535), "
+         "each part's sums written to a workspace and added in order by a second kernel"),
+    Knob("simulator_backward_weight_parallelism", 64, "the same under the simulator (small problems still "
+         "split, so the second kernel runs)"),
+    Knob("reduction_threads", 256, "threads per block of the bias-gradient kernel (one block per channel, "
+         "summing in shared memory)"),
+    Knob("simulator_reduction_threads", 8, "the same under the simulator"),
     Knob("tap_table_bytes", 48 * 1024, "constant memory the implicit GEMM's tap table may take (of the "
          "64 KiB a kernel can address); larger tables decode taps by division instead"),
     Knob("im2col_gemm", "auto", "the GEMM of im2col: 'own' (our tiled kernel), 'cublas' (through CuPy) "
