@@ -6,7 +6,7 @@ inside the installed package, no download). The network is two ``convlib.torch.C
 from a fixed seed on three quarters of the images and tested on the rest. The same network built
 from ``torch.nn.Conv2d`` (same seed, so the same initial weights) is trained alike for comparison,
 then one training step (forward, backward, optimiser step on one batch) of each is timed with
-convlib's timing loop (warm-up, interleaved repeats, medians).
+convlib's timing loop (warm-up, interleaved repeats, medians), over runs of 10 consecutive steps.
 
 Prints the test accuracy and the wall time of both, and the two step times. Exits non-zero if the
 convlib network's test accuracy is below 95%.
@@ -58,14 +58,17 @@ def network(conv):
 
 
 def train(net, x, y):
-    """Adam over shuffled batches; the same shuffles for every network."""
+    """Adam over shuffled batches, the same shuffles for every network; returns the number of steps."""
     opt = torch.optim.Adam(net.parameters(), lr=LEARNING_RATE)
     order = torch.Generator().manual_seed(SEED)
+    steps = 0
     for _ in range(EPOCHS):
         for batch in torch.randperm(len(x), generator=order).split(BATCH):
             opt.zero_grad()
             torch.nn.functional.cross_entropy(net(x[batch]), y[batch]).backward()
             opt.step()
+            steps += 1
+    return steps
 
 
 @torch.no_grad()
@@ -73,21 +76,29 @@ def accuracy(net, x, y) -> float:
     return (net(x).argmax(1) == y).float().mean().item()
 
 
-def step_timings(x, y, repeats=30):
-    """Median seconds of one training step on one batch, for each convolution class."""
+def step_timings(x, y, repeats=15, steps_per_call=10):
+    """Seconds of one training step on one batch, for each convolution class: the median of
+    ``repeats`` timed calls of ``steps_per_call`` consecutive steps each, divided by the steps.
+
+    A timed call is several steps because the timing loop collects garbage before each call (a
+    tenth of a second with PyTorch and scikit-learn loaded), which leaves caches and thread pools
+    cold: one step after it measured 2-3x its time inside a training loop, for either network.
+    """
     batch_x, batch_y = x[:BATCH], y[:BATCH]
     calls = {}
     for name, conv in [("convlib.torch.Conv2d", convlib.torch.Conv2d), ("torch.nn.Conv2d", torch.nn.Conv2d)]:
         net = network(conv)
         opt = torch.optim.Adam(net.parameters(), lr=LEARNING_RATE)
 
-        def step(net=net, opt=opt):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(net(batch_x), batch_y).backward()
-            opt.step()
+        def steps(net=net, opt=opt):
+            for _ in range(steps_per_call):
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(net(batch_x), batch_y).backward()
+                opt.step()
 
-        calls[name] = step
-    return {name: t.median_s for name, t in time_interleaved(calls, repeats, warmup=3).items()}
+        calls[name] = steps
+    timings = time_interleaved(calls, repeats, warmup=2)
+    return {name: t.median_s / steps_per_call for name, t in timings.items()}
 
 
 def main() -> int:
@@ -99,15 +110,15 @@ def main() -> int:
     for name, conv in [("convlib.torch.Conv2d", convlib.torch.Conv2d), ("torch.nn.Conv2d", torch.nn.Conv2d)]:
         net = network(conv)
         t0 = time.perf_counter()
-        train(net, x_train, y_train)
+        steps = train(net, x_train, y_train)
         seconds = time.perf_counter() - t0
         results[name] = accuracy(net, x_test, y_test)
-        print(f"{name:<22} test accuracy {results[name]:.2%} after {EPOCHS} epochs, "
-              f"trained in {seconds:.1f} s (first calls' compilation included)")
+        print(f"{name:<22} test accuracy {results[name]:.2%} after {EPOCHS} epochs, trained in {seconds:.1f} s "
+              f"({steps} steps, {seconds / steps * 1e3:.1f} ms each; first calls' compilation included)")
 
-    steps = step_timings(x_train, y_train)
-    ours, theirs = steps["convlib.torch.Conv2d"], steps["torch.nn.Conv2d"]
-    print(f"one training step (batch {BATCH}, median): convlib {ours * 1e3:.2f} ms, "
+    step_s = step_timings(x_train, y_train)
+    ours, theirs = step_s["convlib.torch.Conv2d"], step_s["torch.nn.Conv2d"]
+    print(f"one training step (batch {BATCH}, median over runs of 10): convlib {ours * 1e3:.2f} ms, "
           f"torch.nn.Conv2d {theirs * 1e3:.2f} ms (convlib/torch = {ours / theirs:.2f})")
 
     if results["convlib.torch.Conv2d"] < REQUIRED_ACCURACY:
