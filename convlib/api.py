@@ -24,6 +24,24 @@ from .dispatch.select import Choice, choose
 _ALGO_CHOICES = ("auto",) + registry.ALGORITHM_NAMES
 
 
+def _arrays(**named):
+    """The named arguments as arrays (host ones as numpy), or a ``TypeError`` naming the one
+    that is not an array; None stays None."""
+    out = []
+    for name, arr in named.items():
+        arr = host_array(name, arr)
+        if arr is not None and not hasattr(arr, "shape"):
+            raise TypeError(f"{name} of type {type(arr).__name__} is not an array")
+        out.append(arr)
+    return out
+
+
+def _required(**named) -> None:
+    for name, arr in named.items():
+        if arr is None:
+            raise TypeError(f"{name}=None is not an array; pass a numpy (or device) array")
+
+
 def build_problem(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1) -> ConvProblem:
     """The validated :class:`~convlib.core.problem.ConvProblem` for these arguments (no computation).
 
@@ -41,13 +59,8 @@ def build_problem(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1)
     TypeError, ValueError
         Invalid arguments; the message names the argument, its value and what is allowed.
     """
-    for name, arr in (("x", x), ("w", w)):
-        if arr is None:
-            raise TypeError(f"{name}=None is not an array; pass a numpy (or device) array")
-    x, w, bias = host_array("x", x), host_array("w", w), host_array("bias", bias)
-    for name, arr in (("x", x), ("w", w), ("bias", bias)):
-        if arr is not None and not hasattr(arr, "shape"):
-            raise TypeError(f"{name} of type {type(arr).__name__} is not an array")
+    _required(x=x, w=w)
+    x, w, bias = _arrays(x=x, w=w, bias=bias)
     return make_problem(
         tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
         array_dtype("x", x), array_dtype("w", w), None if bias is None else array_dtype("bias", bias),
@@ -133,24 +146,6 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
     x, w, bias = host_array("x", x), host_array("w", w), host_array("bias", bias)
     problem = build_problem(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
     return make_plan("conv2d", problem, device, algo, (x, w, bias)).run(x, w, bias, like=like)
-
-
-def _arrays(**named):
-    """The named arguments as arrays (host ones as numpy), or a ``TypeError`` naming the one
-    that is not an array; None stays None."""
-    out = []
-    for name, arr in named.items():
-        arr = host_array(name, arr)
-        if arr is not None and not hasattr(arr, "shape"):
-            raise TypeError(f"{name} of type {type(arr).__name__} is not an array")
-        out.append(arr)
-    return out
-
-
-def _required(**named) -> None:
-    for name, arr in named.items():
-        if arr is None:
-            raise TypeError(f"{name}=None is not an array; pass a numpy (or device) array")
 
 
 _GRADIENT_NOTE = """

@@ -36,6 +36,7 @@ from .api import (
     check_algo, conv2d as _convlib_conv2d, conv2d_backward_bias as _convlib_backward_bias,
     conv2d_backward_data as _convlib_backward_data, conv2d_backward_weight as _convlib_backward_weight,
 )
+from .core.problem import padding_sides
 
 __all__ = ["Conv2d", "conv2d"]
 
@@ -58,20 +59,13 @@ def _pair(name: str, value) -> tuple[int, int]:
 def _padding(padding, kernel_size, stride, dilation) -> tuple[int, int, int, int]:
     """``padding`` as ``(top, bottom, left, right)``.
 
-    The ops take four ints (their schema is fixed), so the strings are resolved here, the way
-    :func:`convlib.conv2d` resolves them (``"same"`` puts an odd remainder at the bottom and right,
-    as PyTorch does); ``tests/test_torch.py`` checks the two agree. Values are checked by convlib.
+    The ops take four ints (their schema is fixed), so the strings are resolved here by
+    :func:`convlib.core.problem.padding_sides`, as :func:`convlib.conv2d` resolves them
+    (``"same"`` puts an odd remainder at the bottom and right, as PyTorch does). Values are
+    checked by convlib.
     """
     if isinstance(padding, str):
-        if padding == "valid":
-            return (0, 0, 0, 0)
-        if padding == "same":
-            if tuple(stride) != (1, 1):
-                raise ValueError(f"padding='same' needs stride 1, got stride={tuple(stride)}; "
-                                 "use an explicit padding with stride > 1")
-            th, tw = dilation[0] * (kernel_size[0] - 1), dilation[1] * (kernel_size[1] - 1)
-            return (th // 2, th - th // 2, tw // 2, tw - tw // 2)
-        raise ValueError(f"padding={padding!r}: allowed strings are 'valid' and 'same'")
+        return padding_sides(padding, kernel_size[0], kernel_size[1], tuple(stride), tuple(dilation))
     if isinstance(padding, (tuple, list)) and len(padding) == 4:
         return tuple(padding)
     h, w = _pair("padding", padding)
@@ -170,9 +164,10 @@ def _conv2d_backward(ctx, dy):
 _conv2d_op.register_autograd(_conv2d_backward, setup_context=_conv2d_setup)
 
 
-def _backward_data_setup(ctx, inputs, output):
-    dy, w, x_shape, stride, padding, dilation, groups, algo = inputs
-    ctx.save_for_backward(dy, w)
+def _backward_setup(ctx, inputs, output):
+    # Both backward ops take (tensor, tensor, shape, stride, padding, dilation, groups, algo).
+    first, second, _, stride, padding, dilation, groups, _ = inputs
+    ctx.save_for_backward(first, second)
     ctx.geometry = (stride, padding, dilation, groups)
 
 
@@ -187,13 +182,7 @@ def _backward_data_backward(ctx, g):
     return d_dy, d_w, None, None, None, None, None, None
 
 
-_backward_data_op.register_autograd(_backward_data_backward, setup_context=_backward_data_setup)
-
-
-def _backward_weight_setup(ctx, inputs, output):
-    x, dy, w_shape, stride, padding, dilation, groups, algo = inputs
-    ctx.save_for_backward(x, dy)
-    ctx.geometry = (stride, padding, dilation, groups)
+_backward_data_op.register_autograd(_backward_data_backward, setup_context=_backward_setup)
 
 
 def _backward_weight_backward(ctx, g):
@@ -207,7 +196,7 @@ def _backward_weight_backward(ctx, g):
     return d_x, d_dy, None, None, None, None, None, None
 
 
-_backward_weight_op.register_autograd(_backward_weight_backward, setup_context=_backward_weight_setup)
+_backward_weight_op.register_autograd(_backward_weight_backward, setup_context=_backward_setup)
 
 
 def _backward_bias_setup(ctx, inputs, output):

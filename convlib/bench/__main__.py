@@ -16,10 +16,12 @@ first part's file) and drawn as one: ``--replot part1.json part2.json --plot``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import sys
 from pathlib import Path
 
+from ..core.problem import make_backward_bias_problem
 from . import suites
 from .candidates import BASELINES
 
@@ -82,10 +84,6 @@ OPERATION_NAMES = ("conv2d", "backward_data", "backward_weight", "backward_bias"
 
 def operation_case(case, op: str):
     """``case`` with its problem turned into the backward pass ``op`` of the same layer."""
-    import dataclasses
-
-    from ..core.problem import make_backward_bias_problem
-
     problem = case.problem
     if op == "backward_bias":
         problem = make_backward_bias_problem(problem.y_shape, problem.dtype)

@@ -261,7 +261,10 @@ def _int_pair(name: str, value, minimum: int) -> tuple[int, int]:
     return pair
 
 
-def _padding(value, R: int, S: int, stride, dilation) -> tuple[int, int, int, int]:
+def padding_sides(value, R: int, S: int, stride, dilation) -> tuple[int, int, int, int]:
+    """``padding`` (an int, a pair, four ints, ``"valid"`` or ``"same"``) as ``(top, bottom, left,
+    right)`` for an ``R x S`` filter; ``stride`` and ``dilation`` are pairs. ``"same"`` puts an
+    odd remainder at the bottom and right, as PyTorch does."""
     if isinstance(value, str):
         if value == "valid":
             return (0, 0, 0, 0)
@@ -409,7 +412,7 @@ def make_problem(
             raise TypeError(f"bias has dtype {bias_dtype} but {x_name} has dtype {x_dtype}; they must share one dtype")
     stride_p = _int_pair("stride", stride, 1)
     dilation_p = _int_pair("dilation", dilation, 1)
-    padding_p = _padding(padding, R, S, stride_p, dilation_p)
+    padding_p = padding_sides(padding, R, S, stride_p, dilation_p)
     problem = ConvProblem(
         N, C, H, W, K, R, S, stride_p, padding_p, dilation_p, groups,
         np.dtype(x_dtype).name, bias_shape is not None, _checked=True,
@@ -435,6 +438,11 @@ def shape_argument(name: str, value) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
+def _check_dy_is_4d(dy_shape) -> None:
+    if len(dy_shape) != 4:
+        raise ValueError(f"dy must be 4-D (N, K, P, Q); got {len(dy_shape)}-D with shape {tuple(dy_shape)}")
+
+
 def _check_dy_shape(dy_shape, problem: ConvProblem, given: str) -> None:
     if tuple(dy_shape) != problem.y_shape:
         raise ValueError(
@@ -448,8 +456,7 @@ def make_backward_data_problem(dy_shape, w_shape, x_shape, dy_dtype, w_dtype, *,
     """The validated problem of ``conv2d_backward_data(dy, w, x_shape, ...)``: the forward
     geometry of ``x_shape`` and ``w``, with ``dy`` of its output's shape."""
     x_shape = shape_argument("x_shape", x_shape)
-    if len(dy_shape) != 4:
-        raise ValueError(f"dy must be 4-D (N, K, P, Q); got {len(dy_shape)}-D with shape {tuple(dy_shape)}")
+    _check_dy_is_4d(dy_shape)
     if dy_dtype != w_dtype:
         raise TypeError(f"dy has dtype {dy_dtype} but w has dtype {w_dtype}; they must share one dtype")
     problem = make_problem(x_shape, w_shape, None, dy_dtype, w_dtype, stride=stride, padding=padding,
@@ -462,8 +469,7 @@ def make_backward_weight_problem(x_shape, dy_shape, w_shape, x_dtype, dy_dtype, 
                                  dilation=1, groups=1) -> ConvProblem:
     """The validated problem of ``conv2d_backward_weight(x, dy, w_shape, ...)``."""
     w_shape = shape_argument("w_shape", w_shape)
-    if len(dy_shape) != 4:
-        raise ValueError(f"dy must be 4-D (N, K, P, Q); got {len(dy_shape)}-D with shape {tuple(dy_shape)}")
+    _check_dy_is_4d(dy_shape)
     if x_dtype != dy_dtype:
         raise TypeError(f"x has dtype {x_dtype} but dy has dtype {dy_dtype}; they must share one dtype")
     problem = make_problem(x_shape, w_shape, None, x_dtype, dy_dtype, stride=stride, padding=padding,
@@ -475,8 +481,7 @@ def make_backward_weight_problem(x_shape, dy_shape, w_shape, x_dtype, dy_dtype, 
 def make_backward_bias_problem(dy_shape, dy_dtype) -> ConvProblem:
     """The validated problem of ``conv2d_backward_bias(dy)``: ``dy`` as the input of a 1x1
     convolution (``C = K``, ``H = P``, ``W = Q``), its result ``(K,)``."""
-    if len(dy_shape) != 4:
-        raise ValueError(f"dy must be 4-D (N, K, P, Q); got {len(dy_shape)}-D with shape {tuple(dy_shape)}")
+    _check_dy_is_4d(dy_shape)
     N, K, P, Q = (int(v) for v in dy_shape)
     if min(K, P, Q) < 1:
         raise ValueError(f"dy has shape {tuple(dy_shape)}; K, P and Q must be >= 1 (only N may be 0)")
@@ -517,7 +522,7 @@ def make_transpose_problem(x_shape, w_shape, bias_shape, x_dtype, w_dtype, bias_
         raise TypeError(f"x has dtype {x_dtype} but w has dtype {w_dtype}; they (and bias) must share one dtype")
     stride_p = _int_pair("stride", stride, 1)
     dilation_p = _int_pair("dilation", dilation, 1)
-    padding_p = _padding(padding, R, S, stride_p, dilation_p)
+    padding_p = padding_sides(padding, R, S, stride_p, dilation_p)
     out_pad = _int_pair("output_padding", output_padding, 0)
     for i, dim in enumerate(("height", "width")):
         if out_pad[i] >= max(stride_p[i], dilation_p[i]):

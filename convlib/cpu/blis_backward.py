@@ -31,14 +31,14 @@ import functools
 from collections import namedtuple
 
 import numpy as np
-from numba import get_num_threads, njit, prange
+from numba import njit, prange
 
 from ..core.problem import ConvProblem
-from .blis import geometry_of
+from .blis import geometry_of, partitions
 from .im2col_backward import fill_channels
 from .micro_kernels import STORE, micro_kernel
 from .packing import pack_b_pointwise
-from .tables import KNOBS, VECTOR_SLACK_BYTES, blis_blocking
+from .tables import VECTOR_SLACK_BYTES, blis_blocking
 
 #: The GEMM the blocking is sized for (``BlisBlocking.panel_sizes`` reads these fields).
 GemmShape = namedtuple("GemmShape", "gemm_m gemm_k gemm_n itemsize")
@@ -156,11 +156,6 @@ def backward_data_kernel(MR: int, NR: int):
                                     add_tile_to_image(tile, NR, geo, g * Cg, ic + ir, mr, jc + jr, nr, dx)
 
     return blis_backward_data
-
-
-def partitions() -> int:
-    """Work partitions of a call: the ``blis_partitions`` knob, else numba's thread count."""
-    return KNOBS.blis_partitions or get_num_threads()
 
 
 def thread_grid(problem: ConvProblem, threads: int) -> tuple[int, int]:

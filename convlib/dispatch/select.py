@@ -110,8 +110,9 @@ _RULES = {"cpu": _cpu_rules, "sycl": _sycl_rules, "cuda": _cuda_rules}
 
 def _cpu_gradient_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # Measured on ResNet-50 v1.5's layers at batch 8 (python -m convlib.bench resnet50 --op ...,
-    # docs/benchmarks.md): for the data pass blis beat im2col on every layer and direct by 5-20x;
-    # for the weight pass im2col (BLAS) beat direct on every layer.
+    # docs/benchmarks.md, Xeon host): for the data pass blis 1.72x torch in geomean, im2col 1.87x
+    # (im2col won some stage-5 layers), direct 5-20x slower than both; for the weight pass direct
+    # was 5-20x slower than im2col (BLAS), and there is no blis yet.
     if problem.operation == "conv2d_backward_data":
         return [("blis", "backward data: the GEMM W^T dY with col2im in its store (no column matrix)")]
     if problem.operation == "conv2d_backward_weight":
