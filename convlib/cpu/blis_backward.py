@@ -1,4 +1,7 @@
-"""The backward data pass by the BLIS five-loop GEMM (numba, CPU): ``blis``.
+"""The backward passes by the BLIS five-loop GEMM (numba, CPU): ``blis``.
+
+:data:`DATA` (``conv2d_backward_data``, ``conv_transpose2d``)
+-------------------------------------------------------------
 
 Per group ``g`` the column matrix of ``dx`` is a GEMM, ``Cols_g (Cg*R*S x N*P*Q) = W_g^T
 (Cg*R*S x Kg) @ dY_g (Kg x N*P*Q)``: row ``(c, r, s)`` and column ``(n, p, q)`` of it is what tap
@@ -21,8 +24,32 @@ thread owns a rectangle of whole channels by whole images (:func:`thread_grid`):
 per-thread copy of ``dx``. Workspace: per thread ``Ac`` (mc x kc), ``Bc`` (kc x nc) and one
 ``MR x NR`` tile, whatever N, H and W are.
 
-Compile cost: one driver per register tile ``MR x NR`` and dtype, cached on disk; block sizes and
-shapes are run-time values.
+
+:data:`WEIGHT` (``conv2d_backward_weight``)
+-------------------------------------------
+Per group, ``dW_g (Kg x Cg*R*S) = dY_g (Kg x N*P*Q) @ Cols_g^T (N*P*Q x Cg*R*S)``: the reduction
+runs over every output pixel of the batch, so the batch is summed inside the GEMM (no per-image
+product, no per-image workspace). Both operands are packed straight from the tensors:
+
+* ``A = dY_g`` by :func:`pack_a_from_gradient`: a filter's pixels are contiguous in ``dy``, so
+  each of the ``MR`` rows of a panel is a contiguous read (across image boundaries in runs);
+* ``B = Cols_g^T`` by :func:`pack_b_transposed_from_image`: column ``j`` of a panel is tap
+  ``(c, r, s)``, row ``p`` a pixel; each tap is a strided read of ``x`` along an output row (the
+  forward's implicit im2col, transposed), zero where it reads padding;
+* the micro-kernel accumulates its ``MR x NR`` tile straight into ``dw`` (rows of ``Cg*R*S``),
+  through the edge tile only at the borders of ``dW``.
+
+The threads split ``dW_g`` into rectangles (filters x taps) when it has enough register tiles, and
+the reduction (the batch's pixels) when it has few (a depthwise or single-filter layer): each
+reduction part then sums into its own copy of ``dw``, and the copies are added in a fixed order
+afterwards (deterministic; :func:`weight_thread_grid` weighs the extra copies against the
+imbalance). Workspace: the panels per thread plus those copies, ``(parts - 1) * K*Cg*R*S``
+elements at most, whatever N, H, W are. The long reduction is blocked: each ``kc`` block sums in
+registers before it is added into ``dw``, so a float32 sum over ``N*P*Q`` products carries the
+error of about ``kc + N*P*Q/kc`` additions, not of ``N*P*Q``.
+
+Compile cost: one driver per pass, register tile ``MR x NR`` and dtype, cached on disk; block
+sizes and shapes are run-time values.
 """
 
 from __future__ import annotations
@@ -36,9 +63,9 @@ from numba import njit, prange
 from ..core.problem import ConvProblem
 from .blis import geometry_of, partitions
 from .im2col_backward import fill_channels
-from .micro_kernels import STORE, micro_kernel
+from .micro_kernels import ACCUMULATE, STORE, micro_kernel
 from .packing import pack_b_pointwise
-from .tables import VECTOR_SLACK_BYTES, blis_blocking
+from .tables import KNOBS, VECTOR_SLACK_BYTES, blis_blocking
 
 #: The GEMM the blocking is sized for (``BlisBlocking.panel_sizes`` reads these fields).
 GemmShape = namedtuple("GemmShape", "gemm_m gemm_k gemm_n itemsize")
@@ -200,3 +227,261 @@ class _BlisData:
 
 #: ``conv2d_backward_data`` (and ``conv_transpose2d``) by the BLIS GEMM with col2im in its store.
 DATA = _BlisData()
+
+
+# ------------------------------------------------------------------------------------------
+# WEIGHT: dW_g = dY_g @ Cols_g^T
+# ------------------------------------------------------------------------------------------
+def weight_gemm_shape(problem: ConvProblem, reduction_parts: int = 1) -> GemmShape:
+    """The per-group GEMM of the backward weight pass: ``Kg`` rows, a reduction over the
+    batch's pixels (``N*P*Q``, cut into ``reduction_parts``), ``Cg*R*S`` columns."""
+    pixels = problem.N * problem.P * problem.Q
+    return GemmShape(problem.K_per_group, max(1, -(-pixels // reduction_parts)),
+                     problem.C_per_group * problem.R * problem.S, problem.itemsize)
+
+
+@njit(cache=True, inline="always")
+def pack_a_from_gradient(dy, K, PQ, first_filter, mc, pixel0, kc, Ac, MR):
+    """Pack rows ``first_filter .. + mc`` (filters) and reduction steps ``pixel0 .. + kc``
+    (pixels ``(n, p, q)`` of the batch) of ``dY`` into ``Ac`` (panels of ``kc x MR``):
+    ``Ac[ip*MR*kc + t*MR + i] = dy[n, first_filter + ip*MR + i, pq]`` for pixel ``pixel0 + t``,
+    zero for rows past ``mc``. A filter's pixels are contiguous within an image, so every row
+    is read in runs that end only at image boundaries."""
+    n = pixel0 // PQ
+    pq = pixel0 - n * PQ
+    done = 0
+    while done < kc:
+        run = min(kc - done, PQ - pq)
+        for ip in range((mc + MR - 1) // MR):
+            dst0 = ip * MR * kc + done * MR
+            rows = min(MR, mc - ip * MR)
+            for i in range(rows):
+                src = (n * K + first_filter + ip * MR + i) * PQ + pq
+                dst = dst0 + i
+                for t in range(run):
+                    Ac[dst + t * MR] = dy[src + t]
+            for i in range(rows, MR):
+                for t in range(run):
+                    Ac[dst0 + i + t * MR] = 0
+        done += run
+        pq = 0
+        n += 1
+
+
+@njit(cache=True, inline="always")
+def pack_b_transposed_from_image(x, geo, group, tap0, nc, pixel0, kc, NR, Bc):
+    """Pack columns ``tap0 .. + nc`` (taps ``(c, r, s)`` of ``group``) and reduction steps
+    ``pixel0 .. + kc`` (output pixels of the batch) of ``Cols_g^T`` into ``Bc`` (panels of
+    ``kc x NR``): ``Bc[jp*NR*kc + t*NR + j]`` is the input value that tap ``tap0 + jp*NR + j``
+    reads for pixel ``pixel0 + t``, zero in the padding and for columns past ``nc``.
+
+    Tap by tap, in runs of one output row: each run's in-image part is a strided read of one
+    input row (stride ``sw``), its padding parts are zero-filled; no per-element test."""
+    H, W, P, Q = geo.height, geo.width, geo.out_h, geo.out_w
+    sh, sw = geo.stride_h, geo.stride_w
+    S = geo.filter_w
+    RS = geo.filter_h * S
+    plane = H * W
+    image = geo.channels * plane
+    PQ = P * Q
+    channel0 = group * (geo.channels // geo.groups)
+    n_first = pixel0 // PQ
+    oh_first = (pixel0 - n_first * PQ) // Q
+    ow_first = pixel0 - n_first * PQ - oh_first * Q
+    for jp in range((nc + NR - 1) // NR):
+        width = min(NR, nc - jp * NR)
+        panel = jp * NR * kc
+        for j in range(NR):
+            dst = panel + j
+            if j >= width:
+                for t in range(kc):
+                    Bc[dst + t * NR] = 0
+                continue
+            tap = tap0 + jp * NR + j
+            c = tap // RS
+            r = (tap - c * RS) // S
+            s = tap - c * RS - r * S
+            row_off = r * geo.dil_h - geo.pad_top
+            col_off = s * geo.dil_w - geo.pad_left
+            tap_plane = (channel0 + c) * plane
+            # Output columns q whose input column q*sw + col_off lies inside [0, W).
+            q_lo = min(Q, max(0, (-col_off + sw - 1) // sw))
+            q_hi = max(q_lo, min(Q, (W - 1 - col_off) // sw + 1))
+            n, oh, ow = n_first, oh_first, ow_first
+            done = 0
+            while done < kc:
+                run = min(kc - done, Q - ow)
+                ih = oh * sh + row_off
+                out = dst + done * NR
+                if ih < 0 or ih >= H:
+                    for t in range(run):
+                        Bc[out + t * NR] = 0
+                else:
+                    lo = min(run, max(0, q_lo - ow))
+                    hi = max(lo, min(run, q_hi - ow))
+                    for t in range(lo):
+                        Bc[out + t * NR] = 0
+                    src = n * image + tap_plane + ih * W + ow * sw + col_off
+                    for t in range(lo, hi):
+                        Bc[out + t * NR] = x[src + t * sw]
+                    for t in range(hi, run):
+                        Bc[out + t * NR] = 0
+                done += run
+                ow = 0
+                oh += 1
+                if oh == P:
+                    oh = 0
+                    n += 1
+
+
+@njit(cache=True, inline="always")
+def add_tile(tile, NR, mr, nr, out, off, ldc):
+    """``out[off + i*ldc + j] += tile[i*NR + j]`` for ``i < mr``, ``j < nr``: an edge tile of dW."""
+    for i in range(mr):
+        for j in range(nr):
+            out[off + i * ldc + j] += tile[i * NR + j]
+
+
+@functools.lru_cache(maxsize=None)
+def backward_weight_kernel(MR: int, NR: int):
+    """The jitted driver of the weight pass for one register tile (any block sizes, dtype and
+    shape)."""
+
+    @njit(parallel=True, cache=True)
+    def blis_backward_weight(
+        x,  # IN  (N*C*H*W,) flat NCHW
+        dy,  # IN  (N*K*P*Q,) flat NCHW
+        geo,  # IN  the forward ConvGeometry
+        MC, NC, kc_step,  # block sizes (BlisBlocking.panel_sizes of weight_gemm_shape)
+        m_parts, n_parts, r_parts,  # the threads' grid: filters x taps x the batch's pixels
+        Ac_ws, Bc_ws, tile_ws,  # SCRATCH per thread
+        partial,  # OUT (r_parts, K*Cg*R*S), zero: dw summed over each reduction part's pixels
+    ):
+        Kg = geo.gemm_m
+        taps = geo.gemm_k  # Cg*R*S: the columns of dW_g
+        K = geo.out_channels
+        PQ = geo.out_h * geo.out_w
+        pixels = geo.batch * PQ
+        m_tiles = (Kg + MR - 1) // MR
+        n_tiles = (taps + NR - 1) // NR
+        for t in prange(Ac_ws.shape[0]):
+            Ac, Bc, tile = Ac_ws[t], Bc_ws[t], tile_ws[t]
+            rp = t % r_parts
+            np_ = t // r_parts % n_parts
+            mp = t // (r_parts * n_parts)
+            out = partial[rp]
+            # Whole register tiles per thread; threads beyond the grid get an empty range.
+            m_lo = min(Kg, m_tiles * mp // m_parts * MR)
+            m_hi = min(Kg, m_tiles * (mp + 1) // m_parts * MR)
+            n_lo = min(taps, n_tiles * np_ // n_parts * NR)
+            n_hi = min(taps, n_tiles * (np_ + 1) // n_parts * NR)
+            r_lo = pixels * rp // r_parts
+            r_hi = pixels * (rp + 1) // r_parts
+            for g in range(geo.groups):
+                for jc in range(n_lo, n_hi, NC):
+                    nc = min(NC, n_hi - jc)
+                    for pc in range(r_lo, r_hi, kc_step):
+                        kc = min(kc_step, r_hi - pc)
+                        pack_b_transposed_from_image(x, geo, g, jc, nc, pc, kc, NR, Bc)
+                        for ic in range(m_lo, m_hi, MC):
+                            mc = min(MC, m_hi - ic)
+                            pack_a_from_gradient(dy, K, PQ, g * Kg + ic, mc, pc, kc, Ac, MR)
+                            for jr in range(0, nc, NR):
+                                nr = min(NR, nc - jr)
+                                for ir in range(0, mc, MR):
+                                    mr = min(MR, mc - ir)
+                                    off = (g * Kg + ic + ir) * taps + jc + jr
+                                    if mr == MR and nr == NR:
+                                        micro_kernel(kc, Ac, ir * kc, Bc, jr * kc, out, off, taps, ACCUMULATE,
+                                                     tile, 0, MR, NR)
+                                    else:
+                                        micro_kernel(kc, Ac, ir * kc, Bc, jr * kc, tile, 0, NR, STORE, tile, 0,
+                                                     MR, NR)
+                                        add_tile(tile, NR, mr, nr, out, off, taps)
+
+    return blis_backward_weight
+
+
+@njit(parallel=True, cache=True)
+def sum_parts(partial, dw):  # OUT dw (size,): partial[0] + partial[1] + ..., in that order
+    parts = partial.shape[0]
+    for e in prange(dw.size):
+        total = partial[0, e]
+        for rp in range(1, parts):
+            total += partial[rp, e]
+        dw[e] = total
+
+
+def weight_thread_grid(problem: ConvProblem, blocking, threads: int) -> tuple[int, int, int]:
+    """``(m_parts, n_parts, r_parts)``, their product ``threads``: the grid over filters x taps x
+    the batch's pixels that minimises the busiest thread's micro-kernel FLOPs, its packing, and
+    (for ``r_parts > 1``) the sum of the per-part copies of ``dw``."""
+    b = blocking
+    p = problem
+    m_tiles = -(-p.K_per_group // b.MR)
+    n_tiles = -(-(p.C_per_group * p.R * p.S) // b.NR)
+    pixels = max(1, p.N * p.P * p.Q)
+    copy_cost = KNOBS.blis_pack_cost_flops
+    image_cost = KNOBS.blis_image_pack_cost_flops
+    dw_size = p.K * p.C_per_group * p.R * p.S
+    best = None
+    for r_parts in range(1, threads + 1):
+        if threads % r_parts:
+            continue
+        for m_parts in range(1, threads // r_parts + 1):
+            if (threads // r_parts) % m_parts:
+                continue
+            n_parts = threads // r_parts // m_parts
+            rows = -(-m_tiles // m_parts) * b.MR
+            cols = -(-n_tiles // n_parts) * b.NR
+            k = -(-pixels // r_parts)
+            per_group = 2 * rows * cols * k + image_cost * k * cols + copy_cost * rows * k * -(-cols // b.NC)
+            cost = p.groups * per_group + (copy_cost * r_parts * dw_size if r_parts > 1 else 0)
+            if best is None or cost < best[0]:
+                best = (cost, m_parts, n_parts, r_parts)
+    return best[1], best[2], best[3]
+
+
+class _BlisWeight:
+    """The implementation contract of the blis backward weight pass (see the module docstring)."""
+
+    def supports(self, problem: ConvProblem) -> str | None:
+        """blis serves every valid problem."""
+        return None
+
+    def _layout(self, problem: ConvProblem):
+        b = blis_blocking(problem.dtype)
+        threads = partitions()
+        m_parts, n_parts, r_parts = weight_thread_grid(problem, b, threads)
+        mc, kc, nc = b.panel_sizes(weight_gemm_shape(problem, r_parts))
+        return b, threads, (m_parts, n_parts, r_parts), (mc, kc, nc)
+
+    def workspace_bytes(self, problem: ConvProblem, device=None) -> int:
+        """Bytes of the packed panels, O(MC*KC + KC*NC) per thread, and of the per-part copies
+        of ``dw`` when the reduction is split: independent of N, H, W."""
+        b, threads, (_, _, r_parts), (mc, kc, nc) = self._layout(problem)
+        per_thread = (mc * kc + kc * nc + b.MR * b.NR) * problem.itemsize + VECTOR_SLACK_BYTES
+        dw_copies = r_parts * problem.K * problem.C_per_group * problem.R * problem.S if r_parts > 1 else 0
+        return threads * per_thread + dw_copies * problem.itemsize
+
+    def run(self, problem: ConvProblem, x, dy, device=None):
+        p = problem
+        dtype = np.dtype(p.dtype)
+        dw = np.zeros(p.w_shape, dtype)
+        if p.N * p.P * p.Q == 0:
+            return dw
+        b, threads, (m_parts, n_parts, r_parts), (mc, kc, nc) = self._layout(p)
+        Ac_ws = np.empty((threads, mc * kc), dtype)
+        Bc_ws = np.empty((threads, kc * nc), dtype)
+        tile_ws = np.empty((threads, b.MR * b.NR), dtype)
+        partial = dw.reshape(1, -1) if r_parts == 1 else np.zeros((r_parts, dw.size), dtype)
+        backward_weight_kernel(b.MR, b.NR)(
+            x.reshape(-1), dy.reshape(-1), geometry_of(p), b.MC, b.NC, kc, m_parts, n_parts, r_parts,
+            Ac_ws, Bc_ws, tile_ws, partial)
+        if r_parts > 1:
+            sum_parts(partial, dw.reshape(-1))
+        return dw
+
+
+#: ``conv2d_backward_weight`` by the BLIS GEMM, both operands packed from the tensors.
+WEIGHT = _BlisWeight()

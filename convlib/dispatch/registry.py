@@ -47,6 +47,7 @@ _IMPLEMENTATIONS: dict[tuple[str, str, str], str] = {
     ("conv2d_backward_data", "cpu", "blis"): "convlib.cpu.blis_backward:DATA",
     ("conv2d_backward_weight", "cpu", "direct"): "convlib.cpu.direct_backward:WEIGHT",
     ("conv2d_backward_weight", "cpu", "im2col"): "convlib.cpu.im2col_backward:WEIGHT",
+    ("conv2d_backward_weight", "cpu", "blis"): "convlib.cpu.blis_backward:WEIGHT",
     ("conv2d_backward_bias", "cpu", "direct"): "convlib.cpu.bias_gradient",
     ("conv2d_backward_data", "sycl", "direct"): "convlib.sycl.direct_backward:DATA",
     ("conv2d_backward_weight", "sycl", "direct"): "convlib.sycl.direct_backward:WEIGHT",
