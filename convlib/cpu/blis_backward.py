@@ -128,8 +128,15 @@ def add_tile_to_image(tile, NR, geo, channel0, row0, mr, col0, nr, dx):
             q_hi = min(q0 + run, (W - 1 - off) // sw + 1)
             base = ((n * C + channel0 + c) * H + h) * W + off
             src = i * NR + done - q0
-            for q in range(q_lo, q_hi):
-                dx[base + q * sw] += tile[src + q]
+            if sw == 1:
+                # Unsigned indices: no negative-index test, so LLVM vectorises the add (a
+                # scalar col2im cost as much as the micro-kernel when Kg is 64).
+                d, t0 = np.uintp(base + q_lo), np.uintp(src + q_lo)
+                for t in range(np.uintp(max(0, q_hi - q_lo))):
+                    dx[d + t] += tile[t0 + t]
+            else:
+                for q in range(q_lo, q_hi):
+                    dx[np.uintp(base + q * sw)] += tile[np.uintp(src + q)]
         done += run
         q0 = 0
         p += 1
