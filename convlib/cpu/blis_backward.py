@@ -262,17 +262,37 @@ def pack_a_from_gradient(dy, K, PQ, first_filter, mc, pixel0, kc, Ac, MR):
         for ip in range((mc + MR - 1) // MR):
             dst0 = ip * MR * kc + done * MR
             rows = min(MR, mc - ip * MR)
+            # Unsigned indices: no negative-index test in the copies.
             for i in range(rows):
-                src = (n * K + first_filter + ip * MR + i) * PQ + pq
-                dst = dst0 + i
-                for t in range(run):
-                    Ac[dst + t * MR] = dy[src + t]
+                src = np.uintp((n * K + first_filter + ip * MR + i) * PQ + pq)
+                dst = np.uintp(dst0 + i)
+                for t in range(np.uintp(run)):
+                    Ac[dst + t * np.uintp(MR)] = dy[src + t]
             for i in range(rows, MR):
-                for t in range(run):
-                    Ac[dst0 + i + t * MR] = 0
+                for t in range(np.uintp(run)):
+                    Ac[np.uintp(dst0 + i) + t * np.uintp(MR)] = 0
         done += run
         pq = 0
         n += 1
+
+
+@njit(cache=True, inline="always")
+def fill_strided(Bc, start, count, stride, value):
+    """``Bc[start + t*stride] = value`` for ``t < count`` (unsigned indices: no negative-index
+    test)."""
+    first, step = np.uintp(start), np.uintp(stride)
+    for t in range(np.uintp(count)):
+        Bc[first + t * step] = value
+
+
+@njit(cache=True, inline="always")
+def copy_strided(x, src_start, src_step, Bc, dst_start, dst_step, count):
+    """``Bc[dst_start + t*dst_step] = x[src_start + t*src_step]`` for ``t < count``, unsigned
+    indices (both starts are inside their arrays)."""
+    src, dst = np.uintp(src_start), np.uintp(dst_start)
+    s_step, d_step = np.uintp(src_step), np.uintp(dst_step)
+    for t in range(np.uintp(count)):
+        Bc[dst + t * d_step] = x[src + t * s_step]
 
 
 @njit(cache=True, inline="always")
@@ -299,10 +319,9 @@ def pack_b_transposed_from_image(x, geo, group, tap0, nc, pixel0, kc, NR, Bc):
         width = min(NR, nc - jp * NR)
         panel = jp * NR * kc
         for j in range(NR):
-            dst = panel + j
+            column = panel + j
             if j >= width:
-                for t in range(kc):
-                    Bc[dst + t * NR] = 0
+                fill_strided(Bc, column, kc, NR, 0)
                 continue
             tap = tap0 + jp * NR + j
             c = tap // RS
@@ -319,20 +338,17 @@ def pack_b_transposed_from_image(x, geo, group, tap0, nc, pixel0, kc, NR, Bc):
             while done < kc:
                 run = min(kc - done, Q - ow)
                 ih = oh * sh + row_off
-                out = dst + done * NR
+                out = column + done * NR
                 if ih < 0 or ih >= H:
-                    for t in range(run):
-                        Bc[out + t * NR] = 0
+                    fill_strided(Bc, out, run, NR, 0)
                 else:
                     lo = min(run, max(0, q_lo - ow))
                     hi = max(lo, min(run, q_hi - ow))
-                    for t in range(lo):
-                        Bc[out + t * NR] = 0
-                    src = n * image + tap_plane + ih * W + ow * sw + col_off
-                    for t in range(lo, hi):
-                        Bc[out + t * NR] = x[src + t * sw]
-                    for t in range(hi, run):
-                        Bc[out + t * NR] = 0
+                    fill_strided(Bc, out, lo, NR, 0)
+                    if hi > lo:
+                        copy_strided(x, n * image + tap_plane + ih * W + (ow + lo) * sw + col_off, sw,
+                                     Bc, out + lo * NR, NR, hi - lo)
+                    fill_strided(Bc, out + hi * NR, run - hi, NR, 0)
                 done += run
                 ow = 0
                 oh += 1
