@@ -88,11 +88,12 @@ def pack_a_transposed(w, first_filter, row0, mc, kc, taps, Ac, MR):
         panel = ip * MR * kc
         rows = min(MR, mc - ip * MR)
         for p in range(kc):
-            src = (first_filter + p) * taps + row0 + ip * MR
-            dst = panel + p * MR
-            for i in range(rows):
+            # Unsigned indices: no negative-index test per element.
+            src = np.uintp((first_filter + p) * taps + row0 + ip * MR)
+            dst = np.uintp(panel + p * MR)
+            for i in range(np.uintp(rows)):
                 Ac[dst + i] = w[src + i]
-            for i in range(rows, MR):
+            for i in range(np.uintp(rows), np.uintp(MR)):
                 Ac[dst + i] = 0
 
 
