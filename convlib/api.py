@@ -4,7 +4,10 @@
 
 Each validates its arguments first, in one place (:func:`convlib.core.problem.make_problem` for
 the problem, :func:`convlib.dispatch.registry.check_operation` and :func:`check_algo` for the
-names), then hands a :class:`~convlib.dispatch.plan.Plan` the work.
+names), then hands a :class:`~convlib.dispatch.plan.Plan` the work. The plans of
+:func:`conv2d` and its backward passes are kept by call signature
+(:data:`convlib.dispatch.plan.PLANS`): a call repeated with the same shapes, dtypes and
+arguments skips the validation and the choice, which were done when its plan was built.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from .core.problem import (
 from .dispatch import registry
 from .dispatch.devices import devices as _devices, host_array, resolve_device
 from .dispatch.measure import choose_by_measuring
-from .dispatch.plan import make_plan
+from .dispatch.plan import PLANS, call_signature, make_plan
 from .dispatch.select import Choice, choose
 
 _ALGO_CHOICES = ("auto",) + registry.ALGORITHM_NAMES
@@ -141,11 +144,17 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
            [6., 9., 9., 6.],
            [4., 6., 6., 4.]], dtype=float32)
     """
-    algo = check_algo(algo)
     like = x
     x, w, bias = host_array("x", x), host_array("w", w), host_array("bias", bias)
-    problem = build_problem(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
-    return make_plan("conv2d", problem, device, algo, (x, w, bias)).run(x, w, bias, like=like)
+
+    def plan():
+        checked_algo = check_algo(algo)
+        problem = build_problem(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
+        return make_plan("conv2d", problem, device, checked_algo, (x, w, bias))
+
+    key = call_signature("conv2d", (x, w, bias), device, algo, stride=stride, padding=padding, dilation=dilation,
+                         groups=groups)
+    return PLANS.get(key, plan).run(x, w, bias, like=like)
 
 
 _GRADIENT_NOTE = """
@@ -195,14 +204,20 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     NotImplementedError
         A valid request the chosen algorithm cannot serve; the message lists those that can.
     """
-    algo = check_algo(algo)
-    _required(dy=dy, w=w)
     like = dy
+    _required(dy=dy, w=w)
     dy, w = _arrays(dy=dy, w=w)
-    problem = make_backward_data_problem(
-        tuple(dy.shape), tuple(w.shape), x_shape, array_dtype("dy", dy), array_dtype("w", w),
-        stride=stride, padding=padding, dilation=dilation, groups=groups)
-    return make_plan(problem.operation, problem, device, algo, (dy, w)).run(dy, w, None, like=like)
+
+    def plan():
+        checked_algo = check_algo(algo)
+        problem = make_backward_data_problem(
+            tuple(dy.shape), tuple(w.shape), x_shape, array_dtype("dy", dy), array_dtype("w", w),
+            stride=stride, padding=padding, dilation=dilation, groups=groups)
+        return make_plan(problem.operation, problem, device, checked_algo, (dy, w))
+
+    key = call_signature("conv2d_backward_data", (dy, w), device, algo, x_shape=x_shape, stride=stride,
+                         padding=padding, dilation=dilation, groups=groups)
+    return PLANS.get(key, plan).run(dy, w, None, like=like)
 
 
 def conv2d_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, algo="auto",
@@ -241,14 +256,20 @@ def conv2d_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     TypeError, ValueError, NotImplementedError
         As :func:`conv2d_backward_data`.
     """
-    algo = check_algo(algo)
-    _required(x=x, dy=dy)
     like = x
+    _required(x=x, dy=dy)
     x, dy = _arrays(x=x, dy=dy)
-    problem = make_backward_weight_problem(
-        tuple(x.shape), tuple(dy.shape), w_shape, array_dtype("x", x), array_dtype("dy", dy),
-        stride=stride, padding=padding, dilation=dilation, groups=groups)
-    return make_plan(problem.operation, problem, device, algo, (x, dy)).run(x, dy, like=like)
+
+    def plan():
+        checked_algo = check_algo(algo)
+        problem = make_backward_weight_problem(
+            tuple(x.shape), tuple(dy.shape), w_shape, array_dtype("x", x), array_dtype("dy", dy),
+            stride=stride, padding=padding, dilation=dilation, groups=groups)
+        return make_plan(problem.operation, problem, device, checked_algo, (x, dy))
+
+    key = call_signature("conv2d_backward_weight", (x, dy), device, algo, w_shape=w_shape, stride=stride,
+                         padding=padding, dilation=dilation, groups=groups)
+    return PLANS.get(key, plan).run(x, dy, like=like)
 
 
 def conv2d_backward_bias(dy, *, algo="auto", device=None):
@@ -269,12 +290,16 @@ def conv2d_backward_bias(dy, *, algo="auto", device=None):
     db : array, shape (K,)
     """ + _GRADIENT_NOTE + """
     """
-    algo = check_algo(algo)
-    _required(dy=dy)
     like = dy
+    _required(dy=dy)
     (dy,) = _arrays(dy=dy)
-    problem = make_backward_bias_problem(tuple(dy.shape), array_dtype("dy", dy))
-    return make_plan(problem.operation, problem, device, algo, (dy,)).run(dy, like=like)
+
+    def plan():
+        checked_algo = check_algo(algo)
+        problem = make_backward_bias_problem(tuple(dy.shape), array_dtype("dy", dy))
+        return make_plan(problem.operation, problem, device, checked_algo, (dy,))
+
+    return PLANS.get(call_signature("conv2d_backward_bias", (dy,), device, algo), plan).run(dy, like=like)
 
 
 def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, groups=1, dilation=1,

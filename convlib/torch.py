@@ -28,6 +28,7 @@ Inside it, ``torch`` is PyTorch (imports are absolute), never this module.
 
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -82,6 +83,20 @@ def _geometry(stride, padding, dilation, groups):
     return dict(stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation), groups=groups)
 
 
+def _host(tensor: Optional[Tensor]):
+    """A CPU tensor as a numpy view of its memory (no copy; convlib never writes to its inputs);
+    other tensors (CUDA) as they are. Done here rather than by convlib's array reading, which
+    must first find out what kind of array it was given."""
+    if tensor is not None and tensor.device.type == "cpu":
+        return tensor.detach().numpy()
+    return tensor
+
+
+def _tensor(result) -> Tensor:
+    """convlib's result as a tensor: a numpy result (from CPU tensors) shares its memory."""
+    return torch.from_numpy(result) if isinstance(result, np.ndarray) else result
+
+
 # ------------------------------------------------------------------------------------------
 # The operators.
 # ------------------------------------------------------------------------------------------
@@ -90,7 +105,8 @@ def _conv2d_op(x: Tensor, w: Tensor, bias: Optional[Tensor], stride: Sequence[in
                dilation: Sequence[int], groups: int, algo: str, backward_algo: str) -> Tensor:
     """:func:`convlib.conv2d`; ``padding`` is ``(top, bottom, left, right)``, ``backward_algo``
     the algorithm of its backward passes."""
-    return _convlib_conv2d(x, w, bias, **_geometry(stride, padding, dilation, groups), algo=algo)
+    return _tensor(_convlib_conv2d(_host(x), _host(w), _host(bias), **_geometry(stride, padding, dilation, groups),
+                                   algo=algo))
 
 
 @_conv2d_op.register_fake
@@ -106,7 +122,8 @@ def _(x, w, bias, stride, padding, dilation, groups, algo, backward_algo):
 def _backward_data_op(dy: Tensor, w: Tensor, x_shape: Sequence[int], stride: Sequence[int],
                       padding: Sequence[int], dilation: Sequence[int], groups: int, algo: str) -> Tensor:
     """:func:`convlib.conv2d_backward_data`."""
-    return _convlib_backward_data(dy, w, tuple(x_shape), **_geometry(stride, padding, dilation, groups), algo=algo)
+    return _tensor(_convlib_backward_data(_host(dy), _host(w), tuple(x_shape),
+                                          **_geometry(stride, padding, dilation, groups), algo=algo))
 
 
 @_backward_data_op.register_fake
@@ -118,7 +135,8 @@ def _(dy, w, x_shape, stride, padding, dilation, groups, algo):
 def _backward_weight_op(x: Tensor, dy: Tensor, w_shape: Sequence[int], stride: Sequence[int],
                         padding: Sequence[int], dilation: Sequence[int], groups: int, algo: str) -> Tensor:
     """:func:`convlib.conv2d_backward_weight`."""
-    return _convlib_backward_weight(x, dy, tuple(w_shape), **_geometry(stride, padding, dilation, groups), algo=algo)
+    return _tensor(_convlib_backward_weight(_host(x), _host(dy), tuple(w_shape),
+                                            **_geometry(stride, padding, dilation, groups), algo=algo))
 
 
 @_backward_weight_op.register_fake
@@ -129,7 +147,7 @@ def _(x, dy, w_shape, stride, padding, dilation, groups, algo):
 @torch.library.custom_op("convlib::conv2d_backward_bias", mutates_args=())
 def _backward_bias_op(dy: Tensor, algo: str) -> Tensor:
     """:func:`convlib.conv2d_backward_bias`."""
-    return _convlib_backward_bias(dy, algo=algo)
+    return _tensor(_convlib_backward_bias(_host(dy), algo=algo))
 
 
 @_backward_bias_op.register_fake

@@ -8,6 +8,7 @@ re-checks them.
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, field, replace
 
@@ -139,7 +140,7 @@ class ConvProblem:
     @property
     def output_bytes(self) -> int:
         """Bytes of the operation's result."""
-        return int(np.prod(self.output_shape)) * self.itemsize
+        return math.prod(self.output_shape) * self.itemsize
 
     @property
     def forward(self) -> "ConvProblem":
@@ -201,7 +202,7 @@ class ConvProblem:
     def bytes_moved(self) -> int:
         """Compulsory memory traffic: read the operation's inputs (and bias) once, write its
         result once."""
-        elems = sum(int(np.prod(shape)) for shape in self.input_shapes + (self.output_shape,))
+        elems = sum(math.prod(shape) for shape in self.input_shapes + (self.output_shape,))
         if self.has_bias:
             elems += self.bias_shape[0]
         return elems * self.itemsize

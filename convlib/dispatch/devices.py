@@ -68,10 +68,14 @@ def host_array(name: str, arr):
 
     Raises ``TypeError`` naming ``name`` when ``arr`` cannot be read as an array.
     """
-    if arr is None or isinstance(arr, np.ndarray) or array_backend(arr) != "cpu":
+    if arr is None or isinstance(arr, np.ndarray):
         return arr
+    # Before array_backend: asking a PyTorch CPU tensor for __cuda_array_interface__ raises
+    # inside the property, which took longer than the rest of a small call's dispatch.
     if is_torch_cpu_tensor(arr):
         return arr.detach().numpy()  # shares the tensor's memory; nothing is written to it
+    if array_backend(arr) != "cpu":
+        return arr
     try:
         return np.asarray(arr)
     except (TypeError, ValueError, RuntimeError) as exc:

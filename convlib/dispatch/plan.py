@@ -22,11 +22,17 @@ what runs when a user calls the library is exactly what is measured, and the ste
                           PyTorch tensor out; other host array-likes: numpy)
 :meth:`Plan.timed_call`   what every timing measures: one execution on prepared arrays, then a
                           synchronisation of the device (copies in and out are not timed)
+:data:`PLANS`             the plans of recent calls by call signature (:class:`PlanCache`): a
+                          call repeated with the same shapes, dtypes and arguments runs the plan
+                          built the first time, without validating and choosing again
 ========================  =======================================================================
 """
 
 from __future__ import annotations
 
+import functools
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -35,9 +41,9 @@ import numpy as np
 from ..core.options import options
 from ..core.problem import ConvProblem
 from . import registry
-from .devices import ResolvedDevice, resolve_device, result_kind
+from .devices import ResolvedDevice, get_backend, resolve_device, result_kind
 from .pieces import conv2d_pieces
-from .select import choose
+from .select import choose, selection_state
 
 
 #: How an operation is cut into pieces under the workspace cap (:mod:`convlib.dispatch.pieces`).
@@ -105,12 +111,22 @@ class Plan:
                 return backend.prepare(np.zeros(problem.output_shape, problem.dtype), problem.dtype, handle)
             return backend.empty(problem.output_shape, problem.dtype, handle)
         check_result_fits(self.operation, problem, self.target)
-        splitter = SPLITTERS.get(self.operation)
-        pieces = None if splitter is None else splitter(
-            problem, lambda p: self.implementation.workspace_bytes(p, handle), options.workspace_cap)
+        pieces = self.pieces(options.workspace_cap)
         if pieces is None:
             return self.implementation.run(problem, *device_arrays, handle)
         return self._execute_in_pieces(pieces, *device_arrays)
+
+    def pieces(self, cap: int):
+        """The pieces :meth:`execute` cuts the problem into under a workspace cap of ``cap`` bytes
+        (:mod:`convlib.dispatch.pieces`), or None when it runs whole."""
+        splitter = SPLITTERS.get(self.operation)
+        if splitter is None:
+            return None
+        if self.target.name == "cpu":
+            # Asking the implementation for its workspace takes longer than a small layer's
+            # kernel (direct weighs its register blocks): once per plan, cap, knobs and threads.
+            return _cpu_pieces(self, cap, selection_state(), self.target.identity)
+        return splitter(self.problem, lambda p: self.implementation.workspace_bytes(p, self.target.handle), cap)
 
     def _execute_in_pieces(self, pieces, x, w, bias):
         y = self.target.backend.empty(self.problem.output_shape, self.problem.dtype, self.target.handle)
@@ -155,6 +171,13 @@ class Plan:
     def describe(self) -> str:
         """One line: algorithm, device and problem (with its operation unless ``conv2d``)."""
         return f"{self.algorithm} on {self.target.name}: {self.problem.describe()}"
+
+
+@functools.lru_cache(maxsize=256)
+def _cpu_pieces(plan: Plan, cap: int, knob_state, identity: str):
+    # knob_state and identity are keys only: the workspace of a CPU implementation follows its
+    # knobs (block sizes) and the thread count (one set of panels per thread).
+    return SPLITTERS[plan.operation](plan.problem, lambda p: plan.implementation.workspace_bytes(p, None), cap)
 
 
 def _human(nbytes: int) -> str:
@@ -207,3 +230,115 @@ def plan_for(operation: str, problem: ConvProblem, target: ResolvedDevice, algo:
 def make_plan(operation: str, problem: ConvProblem, device=None, algo: str = "auto", arrays=()) -> Plan:
     """Resolve ``device`` (None: where ``arrays`` live) and build the :class:`Plan`."""
     return plan_for(operation, problem, resolve_device(device, *arrays), algo)
+
+
+# ------------------------------------------------------------------------------------------
+# The plans of recent calls.
+# ------------------------------------------------------------------------------------------
+#: The argument types a call signature may hold (and tuples or lists of them). Types are part of
+#: the signature: ``1``, ``1.0``, ``True`` and ``np.int64(1)`` compare equal, yet ``stride=1.0``
+#: and ``stride=True`` are errors that a cached ``stride=1`` must not hide.
+_SIGNATURE_SCALARS = (type(None), bool, int, float, str, np.integer, np.bool_)
+
+
+class _Uncacheable(Exception):
+    """An argument a signature cannot hold (an array-like, an object): build the plan afresh."""
+
+
+def _typed(value):
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(_typed(v) for v in value))
+    if isinstance(value, _SIGNATURE_SCALARS):
+        return (type(value), value)
+    raise _Uncacheable
+
+
+def call_signature(operation: str, arrays, device, algo, **arguments):
+    """The key of one call in :data:`PLANS`, or None when the call is not cached.
+
+    It holds everything the call's plan is built from: the operation, each array's shape and
+    dtype, every other argument with its type, ``device``, ``algo``, and what ``auto``'s choice
+    reads besides the problem: the CPU's identity (its thread count included), which keys the
+    tuning cache, and :func:`convlib.dispatch.select.selection_state` (the knob overrides and
+    profile, the tuning cache's generation). Only calls on host
+    (numpy) arrays with ``device`` None or a string are cached: a device array's plan holds the
+    queue or GPU it lives on, which its signature does not say.
+
+    Parameters
+    ----------
+    operation : str
+    arrays : sequence of numpy arrays or None
+        The call's arrays, already read as numpy where they live in host memory.
+    device, algo
+        As given to the public function (validated when the plan is built).
+    **arguments
+        The other arguments as given (``stride``, ``padding``, ``x_shape``, ...).
+    """
+    if not (device is None or isinstance(device, str)):
+        return None
+    described = []
+    for arr in arrays:
+        if arr is None:
+            described.append(None)
+        elif type(arr) is np.ndarray:
+            described.append((arr.shape, arr.dtype))
+        else:
+            return None
+    try:
+        typed = tuple((name, _typed(value)) for name, value in arguments.items())
+        return (operation, tuple(described), _typed(device), _typed(algo), typed,
+                get_backend("cpu").identity(None), selection_state())
+    except _Uncacheable:
+        return None
+
+
+class PlanCache:
+    """The plans of the last ``maxsize`` distinct call signatures (least recently used dropped).
+
+    A plan is a value built from its signature alone (:func:`call_signature`), so a call whose
+    signature was seen runs the plan built then: validation, device resolution and ``auto``'s
+    selection are skipped (about 60 us of Python per call, more than the kernel of a small layer).
+    Nothing needs invalidating: a change of what a plan depends on (a knob override, a new
+    measurement, the thread count) changes the signature. Calls that raise are not cached.
+    Safe to use from several threads.
+
+    Parameters
+    ----------
+    maxsize : int
+        Signatures kept.
+    """
+
+    def __init__(self, maxsize: int = 256):
+        self.maxsize = maxsize
+        self._plans: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key, build: Callable[[], Plan]) -> Plan:
+        """The plan of ``key`` (``build()`` when it is new, or when ``key`` is None: not cached)."""
+        if key is None:
+            return build()
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+                return plan
+        plan = build()
+        if plan.target.name != "cpu":  # a device handle is not in the signature
+            return plan
+        with self._lock:
+            self._plans[key] = plan
+            if len(self._plans) > self.maxsize:
+                self._plans.popitem(last=False)
+        return plan
+
+    def clear(self) -> None:
+        """Forget every plan."""
+        with self._lock:
+            self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
+#: The plans of the public functions' recent calls (:func:`convlib.conv2d` and its backward passes).
+PLANS = PlanCache()

@@ -134,6 +134,13 @@ def rule_choice(problem: ConvProblem, backend: str, candidates: list[str]) -> tu
     return candidates[0], "the first algorithm that can serve this problem"
 
 
+def selection_state() -> tuple:
+    """What :func:`choose` reads besides the problem and the device, as a hashable value: the CPU
+    knobs in force (their ``auto_*`` thresholds; overrides and profile) and the tuning cache's
+    generation. A cache of choices keys on it (:data:`convlib.dispatch.plan.PLANS`)."""
+    return (CPU_KNOBS.state(), tuning.generation())
+
+
 def choose(operation: str, problem: ConvProblem, target: ResolvedDevice) -> Choice:
     """What ``algo="auto"`` runs for ``problem`` on ``target``, and why.
 

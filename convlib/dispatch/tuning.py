@@ -69,6 +69,14 @@ def load() -> dict:
 
 
 _REMEMBERED: dict | None = None
+#: Bumped whenever this process' copy of the cache changes or is dropped (:func:`generation`).
+_GENERATION = 0
+
+
+def generation() -> int:
+    """A number that changes whenever the remembered choices may have changed (a store, a
+    forget): caches of ``auto``'s choices key on it."""
+    return _GENERATION
 
 
 def remembered() -> dict:
@@ -81,8 +89,9 @@ def remembered() -> dict:
 
 def forget_measurements() -> None:
     """Drop this process' copy of the tuning cache (it is read again on next use)."""
-    global _REMEMBERED
+    global _REMEMBERED, _GENERATION
     _REMEMBERED = None
+    _GENERATION += 1
 
 
 def lookup(operation: str, problem, identity: str) -> dict | None:
@@ -93,8 +102,10 @@ def lookup(operation: str, problem, identity: str) -> dict | None:
 def store(key: str, algo: str, timings: dict[str, float]) -> None:
     """Remember one measured choice, in this process and in the cache file (written atomically;
     a failure to write only warns)."""
+    global _GENERATION
     entry = {"algo": algo, "timings": dict(timings)}
     remembered()[key] = entry
+    _GENERATION += 1
     path = cache_path()
     entries = load()
     entries[key] = entry
