@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 import tracemalloc
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from convlib.core.host_memory import available_memory_bytes
 from convlib.dispatch import registry
 from convlib.testing import (
     TOLERANCE,
+    backward_reference_for,
     conv2d_reference,
     conv2d_reference_for,
     conv2d_reference_nonfinite,
@@ -216,6 +218,89 @@ def test_non_finite_inputs_follow_the_definition(backend, algo, case, dtype, rng
     np.testing.assert_array_equal(np.isneginf(y), np.isneginf(expected))
     finite = np.isfinite(expected)
     assert relative_error(y[finite], expected[finite]) <= 10 * TOLERANCE[dtype]
+
+
+# Each backward pass with inf/NaN in each of its inputs, under every registered algorithm.
+BACKWARD_PLANTS = {"conv2d_backward_data": ("dy", "w"), "conv2d_backward_weight": ("x", "dy"),
+                   "conv2d_backward_bias": ("dy",)}
+BACKWARD_NONFINITE = [pytest.param(op, planted, b, a, id=f"{op.removeprefix('conv2d_backward_')}-{planted}-{b}-{a}")
+                      for op, plants in BACKWARD_PLANTS.items() for planted in plants
+                      for _, b, a in registry.entries(op)]
+
+
+def _plant_sparse(a):
+    """+inf, -inf and NaN in three channels (a corner, an interior, the opposite corner), so
+    that the other channels' results stay finite; a corner's value is read through the padding
+    taps of the weight pass."""
+    N, Ch, H, W = a.shape
+    a[0, 0, H // 2, W // 2] = np.inf
+    a[N - 1, 1 % Ch, 0, 0] = -np.inf
+    a[0, 2 % Ch, H - 1, W - 1] = np.nan
+    return a
+
+
+def _backward_nonfinite_case(op, planted, case, dtype, rng):
+    """The problem, the arguments of ``op``'s public function, and the arrays its reference takes."""
+    spec = dict(NONFINITE_CASES[case])
+    shape_x, shape_w = spec.pop("x"), spec.pop("w")
+    x = rng.standard_normal(shape_x)
+    w = rng.uniform(0.5, 1.5, shape_w) * rng.choice([-1.0, 1.0], shape_w)
+    problem = replace(convlib.build_problem(x, w, **spec), operation=op)
+    dy = rng.standard_normal(problem.y_shape)
+    arrays = {"x": x, "w": w, "dy": dy}
+    for name, a in arrays.items():
+        if name == planted:
+            _plant_sparse(a)
+        elif a.ndim == 4:
+            # Exact zeros beside the planted values: 0 * inf is NaN by IEEE, and a kernel
+            # that skips zero operands would hide it.
+            a[0, 0, 0, 0] = a[0, 0, a.shape[2] // 2, a.shape[3] // 2] = 0.0
+    x, w, dy = (arrays[k].astype(dtype) for k in ("x", "w", "dy"))
+    inputs = {"conv2d_backward_data": (dy, w), "conv2d_backward_weight": (x, dy),
+              "conv2d_backward_bias": (dy,)}[op]
+    return problem, spec, inputs
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", list(NONFINITE_CASES))
+@pytest.mark.parametrize("op, planted, backend, algo", BACKWARD_NONFINITE)
+def test_backward_non_finite_inputs_follow_the_definition(op, planted, backend, algo, case, dtype, rng):
+    """The backward passes with inf/NaN in one input: non-finite exactly where the float64
+    definition (:func:`convlib.testing.backward_reference_for`) is, with the same sign, and every
+    other value equal to the finite computation.
+
+    The definitions are those of the forward pass, whose zero padding is a value that is
+    multiplied (the forward keeps a NaN weight's ``0 * NaN`` where a tap reads only padding,
+    ``test_pieces_of_every_shape_give_the_same_answer``). So ``dw[k, c, r, s]`` sums
+    ``dy * x_padded`` over every output pixel, and an inf of ``dy`` at a pixel whose tap ``(r, s)``
+    reads padding gives ``0 * inf = NaN`` there, as the reference's ``np.pad`` does. ``dx`` has no
+    padding to multiply: it is the forward's adjoint, each ``dy * w`` product landing on the input
+    pixel that the forward read (those landing on padding are dropped), so an input pixel that no
+    output read is 0 even beside an infinite filter tap. Which results are NaN or inf does not
+    depend on the order of a sum (NaN when a term is, or when +inf and -inf meet, else the
+    infinities' sign) and N(0, 1) values cannot overflow float32, so the float64 reference gives
+    the pattern of every algorithm.
+    """
+    problem, spec, inputs = _backward_nonfinite_case(op, planted, case, dtype, rng)
+    if registry.unsupported_reason(op, backend, algo, problem) is not None:
+        pytest.skip(f"{algo} does not serve {case}")
+    expected = backward_reference_for(problem, *inputs)
+    kw = dict(algo=algo, device=device_for(backend))
+    if op == "conv2d_backward_data":
+        out = convlib.conv2d_backward_data(*inputs, problem.x_shape, **spec, **kw)
+    elif op == "conv2d_backward_weight":
+        out = convlib.conv2d_backward_weight(*inputs, problem.w_shape, **spec, **kw)
+    else:
+        out = convlib.conv2d_backward_bias(*inputs, **kw)
+    out = np.asarray(out)
+    assert np.isnan(expected).any() and np.isinf(expected).any() and np.isfinite(expected).any()
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
+    np.testing.assert_array_equal(np.isposinf(out), np.isposinf(expected))
+    np.testing.assert_array_equal(np.isneginf(out), np.isneginf(expected))
+    finite = np.isfinite(expected)
+    assert relative_error(out[finite], expected[finite]) <= 10 * TOLERANCE[dtype]
+    assert np.allclose(out, expected, rtol=10 * TOLERANCE[dtype],
+                       atol=10 * TOLERANCE[dtype] * float(np.abs(expected[finite]).max()), equal_nan=True)
 
 
 # -- result kinds ----------------------------------------------------------------------------------

@@ -12,10 +12,11 @@
 * :data:`WEIGHT` (``conv2d_backward_weight``): one thread per ``dw[k, c, r, s]`` (consecutive
   threads on consecutive taps, so their ``x`` reads are neighbours and their ``dy`` reads one
   broadcast), summing ``dy[n, k, p, q] * x[n, c, p*sh - top + r*dh, q*sw - left + s*dw]`` row by
-  row: per output row, only the columns whose input pixel lies inside the image (computed once
-  per element) and only rows whose input row does, so no bounds test in the inner loop and no
-  padding value in the sum; each row's sum is added to the thread's total (two-level summation
-  keeps float32 sums over large batches accurate). When ``dw`` has too few elements to fill the
+  row: per output row, the columns whose input pixel lies inside the image are computed once
+  per element, so no bounds test in the inner loop; the products with padding (``dy * 0``, NaN
+  where ``dy`` is inf or NaN, as in the definition) are loops over the padding alone; each
+  row's sum is added to the thread's total (two-level summation keeps float32 sums over large
+  batches accurate). When ``dw`` has too few elements to fill the
   GPU (a stem, few channels), the batch's ``N * P`` output rows are split among more threads
   (grid y, the ``backward_weight_parallelism`` knob) whose sums go to a workspace that a second
   kernel adds in a fixed order: deterministic, no atomics. Neither kernel synchronises a block
@@ -129,13 +130,22 @@ def weight_kernel(key, threads: int):
             total = zero
             while t < t_end:
                 h = p * SH + h_off
+                dy_row = ((n * K + k) * P + p) * Q
+                part = zero
                 if h >= 0 and h < H:
-                    dy_row = ((n * K + k) * P + p) * Q
                     x_row = ((n * C + c) * H + h) * W + w_off
-                    part = zero
                     for q in range(q_lo, q_hi):
                         part += dy[dy_row + q] * x[x_row + q * SW]
-                    total += part
+                    # The products with padding, dy * 0: zero unless dy is inf or NaN there,
+                    # where the definition (the forward multiplies its padding too) has NaN.
+                    for q in range(0, min(q_lo, Q)):
+                        part += dy[dy_row + q] * zero
+                    for q in range(max(q_hi, q_lo), Q):
+                        part += dy[dy_row + q] * zero
+                else:
+                    for q in range(Q):
+                        part += dy[dy_row + q] * zero
+                total += part
                 t += 1
                 p += 1
                 if p == P:

@@ -12,9 +12,10 @@
   definition says.
 * :data:`WEIGHT` (``conv2d_backward_weight``): one work-group per ``dw[k, c, r, s]``. Its work-items
   split the sum over the batch and the output pixels as rows ``(n, p)`` x columns ``q`` (adjacent
-  work-items on adjacent columns); only the rows and columns whose input pixel lies inside the
-  image are visited (computed per element, so no bounds test in the inner loop and no padding
-  value in the sum). Each work-item sums one row's products, adds the row's sum to its own
+  work-items on adjacent columns); the rows and columns whose input pixel lies inside the
+  image are computed per element, so no bounds test in the inner loop. The products with
+  padding (``dy * 0``, NaN where ``dy`` is inf or NaN, as in the definition) are a second loop
+  over the padding positions alone. Each work-item sums one row's products, adds the row's sum to its own
   total (two-level summation keeps float32 sums over large batches accurate), and the
   work-group adds its work-items' totals by a tree in local memory.
 
@@ -160,6 +161,34 @@ def weight_kernel(stride_w: int, dtype: str):
                 part += dy[n, k, p, q] * x[n, c, h, q * stride_w + w_off]
                 q += B
             total += part
+            t += A
+        # The products with padding, dy * 0: zero unless dy is inf or NaN there, where the
+        # definition (the forward multiplies its padding too) has 0 * inf = NaN. Only the padding
+        # positions are visited: whole rows outside [p_lo, p_hi), then the columns outside
+        # [q_lo, q_hi) of the rows inside.
+        zero = acc_type(0)
+        pad_rows = P - rows
+        inside_cols = max(q_hi - q_lo, 0)
+        t = a
+        while t < N * pad_rows:
+            n = t // pad_rows
+            p = t - n * pad_rows
+            if p >= p_lo:
+                p += rows
+            q = b
+            while q < Q:
+                total += dy[n, k, p, q] * zero
+                q += B
+            t += A
+        t = a
+        while t < N * rows:
+            n = t // rows
+            p = p_lo + t - n * rows
+            j = b
+            while j < Q - inside_cols:
+                q = j if j < q_lo else j + inside_cols
+                total += dy[n, k, p, q] * zero
+                j += B
             t += A
         # The work-group's sum: a tree over its work-items in local memory.
         lid = a * B + b
