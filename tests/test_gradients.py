@@ -10,12 +10,15 @@ definitions themselves when it is installed.
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
 import convlib
+from convlib.core.problem import ConvProblem
 from convlib.dispatch import registry
 from convlib.testing import (
     TOLERANCE, backward_reference_for, conv2d_backward_data_reference, conv2d_backward_weight_reference,
@@ -288,3 +291,93 @@ def test_gradients_of_a_forward_convolution_by_finite_differences(rng):
     u, v, eps = rng.standard_normal(x.shape), rng.standard_normal(w.shape), 1e-6
     assert np.isclose((loss(x + eps * u, w) - loss(x - eps * u, w)) / (2 * eps), np.vdot(dx, u), rtol=1e-6)
     assert np.isclose((loss(x, w + eps * v) - loss(x, w - eps * v)) / (2 * eps), np.vdot(dw, v), rtol=1e-6)
+
+
+# -- accuracy of long reductions, bounded workspace -------------------------------------------
+@pytest.mark.parametrize("backend, algo", [pytest.param(b, a, id=f"{b}-{a}")
+                                           for _, b, a in registry.entries("conv2d_backward_weight")])
+def test_weight_gradient_of_a_large_batch_in_float32(backend, algo, rng):
+    """Each ``dw`` element of N=16 128x128 images sums M = 16*128*128 = 262144 products.
+
+    With N(0, 1) inputs each product has variance 1, so ``|dw| ~ sqrt(M)``. A single float32
+    running sum rounds its j-th addition by up to ``u*|s_j|`` (``u = eps/2 = 2**-24``) with
+    ``|s_j| ~ sqrt(j)``: an error of ``~ u*M/sqrt(6)``, a relative error of ``u*sqrt(M/6)`` =
+    1.2e-5 (8e-6 measured before the CPU direct pass summed by rows), past ``TOLERANCE``. Summed
+    by blocks of B products (an output row, B = Q = 128) whose sums are then added accurately,
+    the error is that of the blocks, ``u*sqrt(B/6)`` = 2.8e-7, plus the result's rounding. The
+    bound ``4*u*sqrt(B)`` = 2.7e-6 is ten times what a blocked sum makes and three times below
+    what the running sum makes; a BLAS or a GEMM's KC-blocked sum is inside it too.
+    """
+    device = device_for(backend)
+    x = rng.standard_normal((16, 2, 128, 128)).astype(np.float32)
+    dy = rng.standard_normal((16, 2, 128, 128)).astype(np.float32)
+    w_shape = (2, 2, 3, 3)
+    dw = np.asarray(convlib.conv2d_backward_weight(x, dy, w_shape, padding=1, algo=algo, device=device))
+    ref = conv2d_backward_weight_reference(x, dy, w_shape, padding=(1, 1, 1, 1))
+    u = np.finfo(np.float32).eps / 2
+    assert relative_error(dw, ref) <= 4 * u * np.sqrt(128)
+
+
+def _blis_cpu_operations():
+    return [op for op in BACKWARD_OPERATIONS if ("cpu", "blis") in {(b, a) for _, b, a in registry.entries(op)}]
+
+
+def _operation_inputs(op, problem, rng):
+    """The arrays ``op``'s public function takes, and the function applied to them."""
+    x = rng.standard_normal(problem.x_shape).astype(problem.dtype)
+    w = rng.standard_normal(problem.w_shape).astype(problem.dtype)
+    dy = rng.standard_normal(problem.y_shape).astype(problem.dtype)
+    g = geometry(problem)
+    if op == "conv2d_backward_data":
+        return lambda **kw: convlib.conv2d_backward_data(dy, w, problem.x_shape, **g, **kw)
+    if op == "conv2d_backward_weight":
+        return lambda **kw: convlib.conv2d_backward_weight(x, dy, problem.w_shape, **g, **kw)
+    return lambda **kw: convlib.conv2d_backward_bias(dy, **kw)
+
+
+@pytest.mark.parametrize("op", _blis_cpu_operations())
+def test_blis_workspace_does_not_grow_with_the_batch_or_the_image(op):
+    """The packed panels are per thread and blocked by MC, KC, NC: once a problem fills them,
+    more images or larger images need no more workspace (64 images of 512x512 no more than one,
+    or than 64 of 8x8)."""
+    impl = registry.implementation(op, "cpu", "blis")
+
+    def workspace(N, H):
+        problem = ConvProblem(N, 64, H, H, 64, 3, 3, padding=(1, 1, 1, 1), dtype="float32")
+        return impl.workspace_bytes(replace(problem, operation=op))
+
+    largest = workspace(64, 512)
+    assert largest <= workspace(1, 512) and largest <= workspace(64, 8)
+    assert workspace(1, 8) <= largest
+    one_image_columns = 64 * 9 * 512 * 512 * 4
+    assert largest < one_image_columns / 100
+
+
+@pytest.mark.parametrize("op", _blis_cpu_operations())
+def test_blis_allocates_no_more_than_its_workspace(op, rng):
+    """Traced memory (numpy allocations) of one blis call whose column matrix would be 302 MB
+    (8 images, 64 channels of 128x128, 3x3 taps): beyond the result, at most twice the
+    workspace it reports plus 1 MiB of bookkeeping."""
+    import tracemalloc
+
+    from convlib.core.problem import ConvProblem
+
+    impl = registry.implementation(op, "cpu", "blis")
+    problem = replace(ConvProblem(8, 64, 128, 128, 64, 3, 3, padding=(1, 1, 1, 1), dtype="float32"), operation=op)
+    columns = problem.N * problem.C * problem.R * problem.S * problem.P * problem.Q * problem.itemsize
+    call = _operation_inputs(op, problem, rng)
+    workspace = impl.workspace_bytes(problem)
+    assert workspace < columns / 100
+    # Compiled first on a small problem (the kernels are compiled per block size, not per shape).
+    _operation_inputs(op, replace(problem, N=1, H=8, W=8), rng)(algo="blis")
+    with convlib.option_context(output_cache_bytes=0):
+        gc.collect()
+        tracemalloc.start()
+        try:
+            out = call(algo="blis")
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    result = np.asarray(out).nbytes
+    assert peak >= result  # tracemalloc sees numpy's allocations on this numpy
+    assert peak - result <= 2 * workspace + 2**20, (peak, result, workspace)
