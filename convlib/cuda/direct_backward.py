@@ -127,7 +127,9 @@ def weight_kernel(key, threads: int):
             t_end = min(t + rows_per_split, n_images * P)
             n = t // P
             p = t - n * P
-            total = zero
+            # The rows' sums added in float64: a float32 total of N*P rows would lose ~ eps32 *
+            # sqrt(N*P) of relative accuracy as the batch grows.
+            total = 0.0
             while t < t_end:
                 h = p * SH + h_off
                 dy_row = ((n * K + k) * P + p) * Q
@@ -160,7 +162,6 @@ def weight_kernel(key, threads: int):
 def split_sum_kernel(key, threads: int):
     """``kernel(parts, dw, splits)``: ``dw[e] = parts[0*E + e] + parts[1*E + e] + ...`` in order
     (deterministic); grid ``ceil(E / threads)``."""
-    zero = np.dtype(key.dtype).type(0)
     E = key.K * key.C_per_group * key.R * key.S
     THREADS = threads
 
@@ -168,7 +169,7 @@ def split_sum_kernel(key, threads: int):
         # IN parts (splits*E), OUT dw (E,)
         e = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
         if e < E:
-            total = zero
+            total = 0.0  # in float64, as each split's own rows
             for j in range(splits):
                 total += parts[j * E + e]
             dw[e] = total
