@@ -101,49 +101,56 @@ def pack_a_transposed(w, first_filter, row0, mc, kc, taps, Ac, MR):
 def add_tile_to_image(tile, NR, geo, channel0, row0, mr, col0, nr, dx):
     """col2im of one tile: ``tile[i*NR + j]`` (tap ``row0 + i`` of the group whose first input
     channel is ``channel0``, pixel ``col0 + j``) is added to ``dx`` (flat NCHW) at the input
-    position that tap read for that pixel; taps that read padding send nothing."""
+    position that tap read for that pixel; taps that read padding send nothing.
+
+    Row by row of the tile: each tap is decoded once (its divisions cost as much as the adds
+    when they were made per run of pixels), then its runs of pixels in one output row are added,
+    each a strided (stride 1: vectorised) add into one input row."""
     H, W, P, Q = geo.height, geo.width, geo.out_h, geo.out_w
-    R, S = geo.filter_h, geo.filter_w
+    S = geo.filter_w
     sh, sw = geo.stride_h, geo.stride_w
-    RS = R * S
+    RS = geo.filter_h * S
     PQ = P * Q
     C = geo.channels
-    n = col0 // PQ
-    pq = col0 - n * PQ
-    p = pq // Q
-    q0 = pq - p * Q
-    done = 0
-    while done < nr:  # runs of pixels in one output row
-        run = min(nr - done, Q - q0)
-        for i in range(mr):
-            row = row0 + i
-            c = row // RS
-            r = (row - c * RS) // S
-            s = row - c * RS - r * S
-            h = p * sh - geo.pad_top + r * geo.dil_h
-            if h < 0 or h >= H:
-                continue
-            off = s * geo.dil_w - geo.pad_left
-            # Pixels q of the run whose input column q*sw + off lies inside [0, W).
-            q_lo = max(q0, (-off + sw - 1) // sw)
-            q_hi = min(q0 + run, (W - 1 - off) // sw + 1)
-            base = ((n * C + channel0 + c) * H + h) * W + off
-            src = i * NR + done - q0
-            if sw == 1:
-                # Unsigned indices: no negative-index test, so LLVM vectorises the add (a
-                # scalar col2im cost as much as the micro-kernel when Kg is 64).
-                d, t0 = np.uintp(base + q_lo), np.uintp(src + q_lo)
-                for t in range(np.uintp(max(0, q_hi - q_lo))):
-                    dx[d + t] += tile[t0 + t]
-            else:
-                for q in range(q_lo, q_hi):
-                    dx[np.uintp(base + q * sw)] += tile[np.uintp(src + q)]
-        done += run
-        q0 = 0
-        p += 1
-        if p == P:
-            p = 0
-            n += 1
+    n_first = col0 // PQ
+    p_first = (col0 - n_first * PQ) // Q
+    q_first = col0 - n_first * PQ - p_first * Q
+    for i in range(mr):
+        row = row0 + i
+        c = row // RS
+        r = (row - c * RS) // S
+        s = row - c * RS - r * S
+        row_off = r * geo.dil_h - geo.pad_top
+        off = s * geo.dil_w - geo.pad_left
+        # Output columns q whose input column q*sw + off lies inside [0, W).
+        q_in_lo = max(0, (-off + sw - 1) // sw)
+        q_in_hi = (W - 1 - off) // sw + 1
+        plane0 = (channel0 + c) * H
+        n, p, q0 = n_first, p_first, q_first
+        done = 0
+        while done < nr:  # runs of pixels in one output row
+            run = min(nr - done, Q - q0)
+            h = p * sh + row_off
+            if h >= 0 and h < H:
+                q_lo = max(q0, q_in_lo)
+                q_hi = min(q0 + run, q_in_hi)
+                base = ((n * C * H + plane0) + h) * W + off
+                src = i * NR + done - q0
+                if sw == 1:
+                    # Unsigned indices: no negative-index test, so LLVM vectorises the add (a
+                    # scalar col2im cost as much as the micro-kernel when Kg is 64).
+                    d, t0 = np.uintp(base + q_lo), np.uintp(src + q_lo)
+                    for t in range(np.uintp(max(0, q_hi - q_lo))):
+                        dx[d + t] += tile[t0 + t]
+                else:
+                    for q in range(q_lo, q_hi):
+                        dx[np.uintp(base + q * sw)] += tile[np.uintp(src + q)]
+            done += run
+            q0 = 0
+            p += 1
+            if p == P:
+                p = 0
+                n += 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -166,6 +173,9 @@ def backward_data_kernel(MR: int, NR: int):
         taps = geo.gemm_k  # Cg*R*S: the rows of W^T
         PQ = geo.out_h * geo.out_w
         image = geo.out_channels * PQ
+        C = geo.channels
+        pointwise = (RS == 1 and geo.stride_h == 1 and geo.stride_w == 1 and geo.pad_top == 0
+                     and geo.pad_left == 0 and PQ == geo.height * geo.width)
         for t in prange(Ac_ws.shape[0]):
             Ac, Bc, tile = Ac_ws[t], Bc_ws[t], tile_ws[t]
             mp, np_ = t // n_parts, t % n_parts
@@ -184,11 +194,22 @@ def backward_data_kernel(MR: int, NR: int):
                             pack_a_transposed(w, g * Kg + pc, ic, mc, kc, taps, Ac, MR)
                             for jr in range(0, nc, NR):
                                 nr = min(NR, nc - jr)
+                                col = jc + jr
+                                n = col // PQ
+                                pq = col - n * PQ
+                                # A 1x1 stride-1 unpadded layer's tile is a block of dx itself
+                                # (taps are channels, pixels are positions): added in place.
+                                in_place = pointwise and nr == NR and pq + NR <= PQ
                                 for ir in range(0, mc, MR):
                                     mr = min(MR, mc - ir)
-                                    micro_kernel(kc, Ac, ir * kc, Bc, jr * kc, tile, 0, NR, STORE, tile, 0,
-                                                 MR, NR)
-                                    add_tile_to_image(tile, NR, geo, g * Cg, ic + ir, mr, jc + jr, nr, dx)
+                                    if in_place and mr == MR:
+                                        micro_kernel(kc, Ac, ir * kc, Bc, jr * kc, dx,
+                                                     (n * C + g * Cg + ic + ir) * PQ + pq, PQ, ACCUMULATE, tile, 0,
+                                                     MR, NR)
+                                    else:
+                                        micro_kernel(kc, Ac, ir * kc, Bc, jr * kc, tile, 0, NR, STORE, tile, 0,
+                                                     MR, NR)
+                                        add_tile_to_image(tile, NR, geo, g * Cg, ic + ir, mr, col, nr, dx)
 
     return blis_backward_data
 
