@@ -396,8 +396,9 @@ def choose_algorithm(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups
        best GEMM-based algorithm on ResNet-50's 3x3 layers. On SYCL devices the same layers go to
        F(4x4,3x3) from 28x28 outputs up and to F(2x2,3x3) below.
     6. On the CPU, layers other than pointwise ones (1x1, stride 1, unpadded: ``blis``, whose
-       packing is then a plain copy) with at most 256 output channels per group and a reduction
-       ``C/groups * R * S <= 512`` go to ``direct`` (ResNet's stem).
+       packing is then a plain copy) with at most 256 output channels per group, a reduction
+       ``C/groups * R * S <= 512`` and at least 4096 output pixels in the batch go to ``direct``
+       (ResNet's stem; below 4096 pixels, e.g. 32 images of 8x8, ``blis`` won).
     7. Otherwise the GEMM-based algorithm that measured fastest on the backend: ``blis`` on the
        CPU, ``im2col`` on SYCL devices, ``blis`` (implicit GEMM) on CUDA GPUs, where ``direct`` is
        kept for depthwise layers and for ``C/groups <= 16`` with ``K/groups <= 32``.

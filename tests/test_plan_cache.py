@@ -164,3 +164,21 @@ def test_the_cache_is_bounded_least_recently_used_first():
     assert cache.get(_signature(x, w, padding=2), _fail) is plans[2]
     with pytest.raises(AssertionError, match="built again"):
         cache.get(_signature(x, w, padding=0), _fail)
+
+
+def test_small_problems_run_on_the_calling_thread_under_the_serial_knob():
+    from convlib.cpu.backend import BACKEND
+
+    x, w = _arrays()
+    problem = convlib.build_problem(x, w, padding=1)
+    threads = numba.get_num_threads()
+    with KNOBS.override(serial_below_flops=problem.flops + 1):
+        with BACKEND.execution(problem):
+            assert numba.get_num_threads() == 1
+        assert numba.get_num_threads() == threads
+        serial = convlib.conv2d(x, w, padding=1)
+    with KNOBS.override(serial_below_flops=problem.flops):  # not below: as many threads as before
+        with BACKEND.execution(problem):
+            assert numba.get_num_threads() == threads
+    np.testing.assert_allclose(serial, conv2d_reference(x, w, padding=1), rtol=1e-4, atol=1e-4)
+    assert numba.get_num_threads() == threads

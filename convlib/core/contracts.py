@@ -24,6 +24,7 @@ batch is empty never reaches an implementation.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Protocol
 
 
@@ -87,6 +88,11 @@ class Backend:
     def synchronize(self, handle) -> None:
         """Return once all work submitted to ``handle`` has finished (timing needs it)."""
         raise NotImplementedError
+
+    def execution(self, problem):
+        """A context manager around each execution of ``problem`` by an implementation (the
+        CPU backend runs small problems on one thread in it); by default, nothing."""
+        return contextlib.nullcontext()
 
     def finish(self, y, like, handle):
         """The result in the kind of ``like`` (the user's first array): numpy in -> numpy out, ..."""

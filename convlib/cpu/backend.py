@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
+from numba import get_num_threads, set_num_threads
 
 from ..core.contracts import Backend
 from ..core.host_memory import host_memory_available
 from .isa import cpu_model, host_isa
+from .tables import KNOBS
 
 
 class CpuBackend(Backend):
@@ -28,8 +32,6 @@ class CpuBackend(Backend):
 
     def identity(self, handle):
         # The thread count is part of the device: a choice measured on 2 threads need not win on 16.
-        from numba import get_num_threads
-
         return f"cpu|{cpu_model()}|{host_isa()}|{get_num_threads()} threads"
 
     def prepare(self, arr, dtype, handle):
@@ -46,8 +48,25 @@ class CpuBackend(Backend):
     def synchronize(self, handle):
         return None
 
+    def execution(self, problem):
+        """Problems under the ``serial_below_flops`` knob run on the calling thread alone."""
+        if problem.flops >= KNOBS.serial_below_flops:
+            return contextlib.nullcontext()
+        return _one_thread()
+
     def finish(self, y, like, handle):
         return y
+
+
+@contextlib.contextmanager
+def _one_thread():
+    # numba's thread count is per calling thread: other threads of the program keep theirs.
+    threads = get_num_threads()
+    set_num_threads(1)
+    try:
+        yield
+    finally:
+        set_num_threads(threads)
 
 
 BACKEND = CpuBackend()

@@ -2,7 +2,8 @@
 
 One task per channel (the threads share the channels); each plane is summed in float64, so a
 float32 sum over a large batch keeps float32's precision in the result rather than losing it
-in the additions. Memory-bound: ``dy`` is read once.
+in the additions, with several partial sums at once (vectorised). Memory-bound: ``dy`` is read
+once.
 """
 
 from __future__ import annotations
@@ -23,15 +24,25 @@ def workspace_bytes(problem: ConvProblem, device=None) -> int:
     return 0
 
 
+@njit(fastmath={"reassoc"}, cache=True)
+def plane_sum(plane):  # IN plane (P*Q,): its sum, in float64
+    # Reassociation lets LLVM keep several partial sums in vector registers: in order, each
+    # addition waited for the previous one (4 cycles), and the bias gradient of a 32x32x8x8 dy
+    # took longer than the layer's forward pass. Only reassociation: inf and NaN keep their
+    # meaning (no "fast" flags that assume finite values).
+    total = 0.0
+    for i in range(plane.shape[0]):
+        total += np.float64(plane[i])
+    return total
+
+
 @njit(parallel=True, cache=True)
 def channel_sums(dy, db):  # IN dy (N, K, P*Q); OUT db (K,)
     N, K, PQ = dy.shape
     for k in prange(K):
         total = 0.0
         for n in range(N):
-            plane = dy[n, k]
-            for i in range(PQ):
-                total += np.float64(plane[i])
+            total += plane_sum(dy[n, k])
         db[k] = total
 
 

@@ -112,9 +112,10 @@ class Plan:
             return backend.empty(problem.output_shape, problem.dtype, handle)
         check_result_fits(self.operation, problem, self.target)
         pieces = self.pieces(options.workspace_cap)
-        if pieces is None:
-            return self.implementation.run(problem, *device_arrays, handle)
-        return self._execute_in_pieces(pieces, *device_arrays)
+        with backend.execution(problem):
+            if pieces is None:
+                return self.implementation.run(problem, *device_arrays, handle)
+            return self._execute_in_pieces(pieces, *device_arrays)
 
     def pieces(self, cap: int):
         """The pieces :meth:`execute` cuts the problem into under a workspace cap of ``cap`` bytes
