@@ -381,3 +381,19 @@ def test_blis_allocates_no_more_than_its_workspace(op, rng):
     result = np.asarray(out).nbytes
     assert peak >= result  # tracemalloc sees numpy's allocations on this numpy
     assert peak - result <= 2 * workspace + 2**20, (peak, result, workspace)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_blis_weight_inner_product_form_matches_reference(case, dtype, rng):
+    """The blis weight pass's inner-product form (for large images) on every contract shape,
+    forced by its pixel threshold; the contract test above runs the other form on them."""
+    from convlib.cpu import blis_backward
+    from convlib.cpu.tables import KNOBS
+
+    problem = make_case(case, dtype)
+    with KNOBS.override(blis_weight_dot_min_pixels=0):
+        assert blis_backward.uses_inner_products(problem)
+        out, ref = run_operation("conv2d_backward_weight", "cpu", "blis", problem, rng)
+    err = relative_error(np.asarray(out), ref)
+    assert err <= TOLERANCE[dtype], f"{problem.describe()}: relative error {err:.3e}"

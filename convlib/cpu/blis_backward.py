@@ -48,7 +48,18 @@ elements at most, whatever N, H, W are. The long reduction is blocked: each ``kc
 registers before it is added into ``dw``, so a float32 sum over ``N*P*Q`` products carries the
 error of about ``kc + N*P*Q/kc`` additions, not of ``N*P*Q``.
 
-Compile cost: one driver per pass, register tile ``MR x NR`` and dtype, cached on disk; block
+For images of at least ``blis_weight_dot_min_pixels`` output pixels (:data:`KNOBS`) the same GEMM
+runs in inner-product form (:func:`backward_weight_dot_kernel`): the reduction over pixels is the
+vectorised one. Both operands are packed pixel-major by the forward's vector packers, ``x``'s
+taps by :func:`~convlib.cpu.packing.pack_b_from_image` and ``dy``'s filters by
+:func:`~convlib.cpu.packing.pack_b_pointwise` (no transposition), and
+:func:`~convlib.cpu.micro_kernels.dot_micro_kernel` keeps one vector accumulator per ``dW`` entry
+of its ``MR x NT`` tile, summed across its lanes once per block of pixels. Packing ``Cols^T`` tap
+by tap (one scalar per element) is what the outer-product form spends most on where ``Kg`` is
+small and the images large; the lane sums are what the inner-product form spends most on where
+the images are small (14x14, 7x7), hence the threshold.
+
+Compile cost: one driver per pass (and form), register tile and dtype, cached on disk; block
 sizes and shapes are run-time values.
 """
 
@@ -63,8 +74,9 @@ from numba import njit, prange
 from ..core.problem import ConvProblem
 from .blis import geometry_of, partitions
 from .im2col_backward import fill_channels
-from .micro_kernels import ACCUMULATE, STORE, micro_kernel
-from .packing import pack_b_pointwise
+from .isa import host_isa
+from .micro_kernels import ACCUMULATE, STORE, dot_micro_kernel, micro_kernel
+from .packing import RUN_COLUMNS, TAP_COLUMNS, pack_b_from_image, pack_b_pointwise
 from .tables import KNOBS, VECTOR_SLACK_BYTES, blis_blocking
 
 #: The GEMM the blocking is sized for (``BlisBlocking.panel_sizes`` reads these fields).
@@ -447,6 +459,56 @@ def backward_weight_kernel(MR: int, NR: int):
     return blis_backward_weight
 
 
+@functools.lru_cache(maxsize=None)
+def backward_weight_dot_kernel(MR: int, NT: int, NR: int):
+    """The jitted driver of the weight pass in inner-product form for one tile ``MR x NT`` and
+    pixel panel ``NR`` (any block sizes, dtype and shape)."""
+
+    @njit(parallel=True, cache=True)
+    def blis_backward_weight_dot(
+        x,  # IN  (N*C*H*W,) flat NCHW
+        dy,  # IN  (N*K*P*Q,) flat NCHW
+        geo,  # IN  the forward ConvGeometry
+        TC, NCP, FC,  # block sizes: taps, pixels (a multiple of NR), filters
+        n_parts, r_parts,  # the threads' grid: taps x the batch's pixels
+        Bx_ws, By_ws,  # SCRATCH per thread: pixel-major panels of x (TC x NCP) and dy (FC x NCP), + slack
+        taps_ws, runs_ws,  # SCRATCH per thread: pack_b_from_image's tables
+        partial,  # OUT (r_parts, K*Cg*R*S), zero: dw summed over each reduction part's pixels
+    ):
+        Kg = geo.gemm_m
+        taps = geo.gemm_k
+        K = geo.out_channels
+        PQ = geo.out_h * geo.out_w
+        pixels = geo.batch * PQ
+        t_tiles = (taps + NT - 1) // NT
+        for t in prange(Bx_ws.shape[0]):
+            Bx, By, tap_table, runs = Bx_ws[t], By_ws[t], taps_ws[t], runs_ws[t]
+            rp = t % r_parts
+            np_ = t // r_parts
+            out = partial[rp]
+            n_lo = min(taps, t_tiles * np_ // n_parts * NT)
+            n_hi = min(taps, t_tiles * (np_ + 1) // n_parts * NT)
+            r_lo = pixels * rp // r_parts
+            r_hi = pixels * (rp + 1) // r_parts
+            for g in range(geo.groups):
+                for jc in range(r_lo, r_hi, NCP):
+                    ncp = min(NCP, r_hi - jc)
+                    panels = (ncp + NR - 1) // NR
+                    for tc in range(n_lo, n_hi, TC):
+                        tcn = min(TC, n_hi - tc)
+                        pack_b_from_image(x, geo, g, jc, ncp, tc, tcn, NR, tap_table, runs, Bx)
+                        for fc in range(0, Kg, FC):
+                            fcn = min(FC, Kg - fc)
+                            pack_b_pointwise(dy, K * PQ, PQ, g * Kg + fc, jc, ncp, fcn, NR, By)
+                            for i0 in range(0, fcn, MR):
+                                for j0 in range(0, tcn, NT):
+                                    dot_micro_kernel(panels, By, i0 * NR, fcn * NR, Bx, j0 * NR, tcn * NR, out,
+                                                     (g * Kg + fc + i0) * taps + tc + j0, taps,
+                                                     min(MR, fcn - i0), min(NT, tcn - j0), MR, NT, NR)
+
+    return blis_backward_weight_dot
+
+
 @njit(parallel=True, cache=True)
 def sum_parts(partial, dw):  # OUT dw (size,): partial[0] + partial[1] + ..., in that order
     parts = partial.shape[0]
@@ -487,12 +549,53 @@ def weight_thread_grid(problem: ConvProblem, blocking, threads: int) -> tuple[in
     return best[1], best[2], best[3]
 
 
+def uses_inner_products(problem: ConvProblem) -> bool:
+    """Whether the weight pass runs in inner-product form (see the module docstring)."""
+    return problem.P * problem.Q >= KNOBS.blis_weight_dot_min_pixels
+
+
+def dot_layout(problem: ConvProblem, blocking, threads: int):
+    """``(MR, NT), (TC, NCP, FC), (n_parts, r_parts)`` of the inner-product form: the threads
+    split the taps when there are enough tiles of them, else the batch's pixels."""
+    MR, NT = KNOBS.lookup("blis_weight_dot_tile", host_isa())
+    TC, NCP, FC = KNOBS.blis_weight_dot_blocks
+    NCP = -(-NCP // blocking.NR) * blocking.NR
+    taps = problem.C_per_group * problem.R * problem.S
+    n_parts = threads if taps >= 2 * NT * threads else 1
+    return (MR, NT), (TC, NCP, FC), (n_parts, threads // n_parts)
+
+
+def _dot_workspace(problem: ConvProblem, blocking, threads: int):
+    """Element counts ``(Bx, By)`` per thread: the panels plus a tile's rows of slack (the
+    micro-kernel reads whole MR and NT rows at the block's edge) and one vector (packing)."""
+    (MR, NT), (TC, NCP, FC), _ = dot_layout(problem, blocking, threads)
+    slack = (MR + NT) * blocking.NR + VECTOR_SLACK_BYTES
+    return TC * NCP + slack, FC * NCP + slack
+
+
 class _BlisWeight:
     """The implementation contract of the blis backward weight pass (see the module docstring)."""
 
     def supports(self, problem: ConvProblem) -> str | None:
         """blis serves every valid problem."""
         return None
+
+    def _run_inner_products(self, problem: ConvProblem, x, dy, dw):
+        p = problem
+        dtype = np.dtype(p.dtype)
+        b = blis_blocking(p.dtype)
+        threads = partitions()
+        (MR, NT), (TC, NCP, FC), (n_parts, r_parts) = dot_layout(p, b, threads)
+        bx, by = _dot_workspace(p, b, threads)
+        partial = dw.reshape(1, -1) if r_parts == 1 else np.zeros((r_parts, dw.size), dtype)
+        backward_weight_dot_kernel(MR, NT, b.NR)(
+            x.reshape(-1), dy.reshape(-1), geometry_of(p), TC, NCP, FC, n_parts, r_parts,
+            np.zeros((threads, bx), dtype), np.zeros((threads, by), dtype),
+            np.empty((threads, TC, TAP_COLUMNS), np.int64), np.empty((threads, b.NR, RUN_COLUMNS), np.int64),
+            partial)
+        if r_parts > 1:
+            sum_parts(partial, dw.reshape(-1))
+        return dw
 
     def _layout(self, problem: ConvProblem):
         b = blis_blocking(problem.dtype)
@@ -504,9 +607,17 @@ class _BlisWeight:
     def workspace_bytes(self, problem: ConvProblem, device=None) -> int:
         """Bytes of the packed panels, O(MC*KC + KC*NC) per thread, and of the per-part copies
         of ``dw`` when the reduction is split: independent of N, H, W."""
+        dw_size = problem.K * problem.C_per_group * problem.R * problem.S
+        if uses_inner_products(problem):
+            b, threads = blis_blocking(problem.dtype), partitions()
+            _, (TC, _, _), (_, r_parts) = dot_layout(problem, b, threads)
+            bx, by = _dot_workspace(problem, b, threads)
+            tables = (TC * TAP_COLUMNS + b.NR * RUN_COLUMNS) * 8
+            copies = r_parts * dw_size if r_parts > 1 else 0
+            return threads * ((bx + by) * problem.itemsize + tables) + copies * problem.itemsize
         b, threads, (_, _, r_parts), (mc, kc, nc) = self._layout(problem)
         per_thread = (mc * kc + kc * nc + b.MR * b.NR) * problem.itemsize + VECTOR_SLACK_BYTES
-        dw_copies = r_parts * problem.K * problem.C_per_group * problem.R * problem.S if r_parts > 1 else 0
+        dw_copies = r_parts * dw_size if r_parts > 1 else 0
         return threads * per_thread + dw_copies * problem.itemsize
 
     def run(self, problem: ConvProblem, x, dy, device=None):
@@ -515,6 +626,8 @@ class _BlisWeight:
         dw = np.zeros(p.w_shape, dtype)
         if p.N * p.P * p.Q == 0:
             return dw
+        if uses_inner_products(p):
+            return self._run_inner_products(p, x, dy, dw)
         b, threads, (m_parts, n_parts, r_parts), (mc, kc, nc) = self._layout(p)
         Ac_ws = np.empty((threads, mc * kc), dtype)
         Bc_ws = np.empty((threads, kc * nc), dtype)

@@ -10,7 +10,7 @@ arrays (or inside the slack they allocated for it).
 Two families:
 
 * ``lanes``-wide vectors (a literal argument) for the micro-kernels: :func:`vector_zero`,
-  :func:`vector_fma`, :func:`vector_add_into`, :func:`vector_store_plus`,
+  :func:`vector_fma`, :func:`vector_fma_lanes`, :func:`vector_sum`, :func:`vector_add_into`, :func:`vector_store_plus`,
   :func:`vector_store_split`, and :func:`prefetch_for_write`;
 * 32-byte vectors for the packing routines: :func:`copy_vector`, :func:`copy_vector_stride2`,
   :func:`deinterleave_vector`, :func:`zero_vector` and :func:`vector_lanes` (elements per 32 bytes, a compile-time constant).
@@ -83,6 +83,54 @@ def vector_fma(typingctx, acc, acc_index, a, a_index, b, b_index, lanes):
         return context.get_dummy_value()
 
     return types.void(acc, acc_index, a, a_index, b, b_index, lanes), codegen
+
+
+@intrinsic
+def vector_fma_lanes(typingctx, acc, acc_index, a, a_index, b, b_index, lanes):
+    """``acc[acc_index : +lanes] += a[a_index : +lanes] * b[b_index : +lanes]`` (lane by lane,
+    one fused multiply-add): the step of an inner-product micro-kernel."""
+    L = _literal_lanes(lanes)
+    if L is None:
+        return None
+
+    def codegen(context, builder, signature, args):
+        acc_ptr, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], L)
+        a_ptr, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], L)
+        b_ptr, _, _ = _vector_at(context, builder, signature.args[4], args[4], args[5], L)
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vec, [vec, vec, vec]),
+            f"llvm.fma.v{L}f{signature.args[0].dtype.bitwidth}",
+        )
+        total = builder.call(fma, [builder.load(a_ptr, align=align), builder.load(b_ptr, align=align),
+                                   builder.load(acc_ptr, align=align)])
+        builder.store(total, acc_ptr, align=align)
+        return context.get_dummy_value()
+
+    return types.void(acc, acc_index, a, a_index, b, b_index, lanes), codegen
+
+
+@intrinsic
+def vector_sum(typingctx, src, index, lanes):
+    """The sum of ``src[index : +lanes]``: halves added pairwise (log2(lanes) shuffles and adds)."""
+    L = _literal_lanes(lanes)
+    if L is None:
+        return None
+
+    def codegen(context, builder, signature, args):
+        pointer, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], L)
+        value = builder.load(pointer, align=align)
+        i32 = ir.IntType(32)
+        width = L
+        while width > 1:
+            half = width // 2
+            low = ir.Constant(ir.VectorType(i32, half), [ir.Constant(i32, k) for k in range(half)])
+            high = ir.Constant(ir.VectorType(i32, half), [ir.Constant(i32, half + k) for k in range(half)])
+            undef = ir.Constant(value.type, ir.Undefined)
+            value = builder.fadd(builder.shuffle_vector(value, undef, low), builder.shuffle_vector(value, undef, high))
+            width = half
+        return builder.extract_element(value, ir.Constant(i32, 0))
+
+    return src.dtype(src, index, lanes), codegen
 
 
 @intrinsic

@@ -29,6 +29,8 @@ from .intrinsics import (
     prefetch_for_write,
     vector_add_into,
     vector_fma,
+    vector_fma_lanes,
+    vector_sum,
     vector_store_plus,
     vector_store_split,
     vector_zero,
@@ -78,6 +80,8 @@ _NAMESPACE = {
     "stack_array_1d": stack_array_1d,
     "vector_zero": vector_zero,
     "vector_fma": vector_fma,
+    "vector_fma_lanes": vector_fma_lanes,
+    "vector_sum": vector_sum,
     "vector_add_into": vector_add_into,
     "vector_store_plus": vector_store_plus,
     "uintp": np.uintp,
@@ -193,3 +197,58 @@ def _store_edge_tile_overload(tile, NR, geo, row0, mr, col0, nr, mode, bias, y):
             n += 1
 
     return store_edge_tile_impl
+
+
+# ------------------------------------------------------------------------------------------
+# The inner-product micro-kernel (the backward weight pass's, for large images)
+# ------------------------------------------------------------------------------------------
+def render_dot_micro_kernel(MR: int, NT: int, PANEL: int, L: int) -> str:
+    """Source of the ``MR x NT`` inner-product micro-kernel over panels of ``PANEL`` pixels with
+    ``L``-lane vectors: one vector accumulator per output, every (row, column) pair its own line
+    (see :mod:`convlib.cpu.codegen` for why the lines are unrolled)."""
+    lines = [
+        f"def dot_micro_kernel_{MR}x{NT}(panels, a, a_off, a_stride, b, b_off, b_stride, c, c_off, ldc, mr, nt, MR, NT,"
+        " PANEL):",
+        f"    acc = stack_array_1d({MR * NT * L}, c.dtype)",
+    ]
+    lines += [f"    vector_zero(acc, {k * L}, {L})" for k in range(MR * NT)]
+    lines += [
+        "    for q in range(panels):",
+        "        ap = a_off + q * a_stride",
+        "        bp = b_off + q * b_stride",
+        f"        for v in range(0, {PANEL}, {L}):",
+    ]
+    # Columns outer: each b vector is loaded once and meets the MR a vectors, which stay in registers.
+    lines += [f"            vector_fma_lanes(acc, {(i * NT + j) * L}, a, ap + {i * PANEL} + v, b, bp + {j * PANEL} + v, {L})"
+              for j in range(NT) for i in range(MR)]
+    lines += [f"    if {i} < mr and {j} < nt:\n        c[c_off + {i} * ldc + {j}] += vector_sum(acc, {(i * NT + j) * L}, {L})"
+              for i in range(MR) for j in range(NT)]
+    return "\n".join(lines) + "\n"
+
+
+@functools.lru_cache(maxsize=None)
+def _dot_micro_kernel_function(MR: int, NT: int, PANEL: int, L: int):
+    return exec_function(render_dot_micro_kernel(MR, NT, PANEL, L), f"dot_micro_kernel_{MR}x{NT}", _NAMESPACE,
+                         "blis")
+
+
+def dot_micro_kernel(panels, a, a_off, a_stride, b, b_off, b_stride, c, c_off, ldc, mr, nt, MR, NT, PANEL):
+    """``c[c_off + i*ldc + j] += sum_{q, l} a[a_off + q*a_stride + i*PANEL + l] *
+    b[b_off + q*b_stride + j*PANEL + l]`` for ``i < mr <= MR``, ``j < nt <= NT``, ``q < panels``,
+    ``l < PANEL``: inner products of rows of pixel-major panels (as :func:`pack_b_from_image`
+    writes them), each kept in a vector accumulator and summed across its lanes at the end.
+
+    Rows ``mr .. MR`` and ``nt .. NT`` are read (they must be inside the arrays) but their sums
+    are dropped. ``MR``, ``NT`` and ``PANEL`` must be compile-time constants. Callable from jitted
+    code only."""
+    raise NotImplementedError("dot_micro_kernel is called from numba-compiled code only")
+
+
+@overload(dot_micro_kernel, prefer_literal=True, jit_options={"fastmath": {"contract"}})
+def _dot_micro_kernel_overload(panels, a, a_off, a_stride, b, b_off, b_stride, c, c_off, ldc, mr, nt, MR, NT,
+                               PANEL):
+    if not all(isinstance(v, types.IntegerLiteral) for v in (MR, NT, PANEL)):
+        return None
+    panel = PANEL.literal_value
+    lanes = micro_kernel_lanes(1, panel, c.dtype.bitwidth // 8)
+    return _dot_micro_kernel_function(MR.literal_value, NT.literal_value, panel, lanes)

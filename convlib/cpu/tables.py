@@ -236,6 +236,15 @@ KNOBS = KnobTable("cpu", [
          "layer), in FLOP-equivalents of micro-kernel work, for the thread split"),
     Knob("blis_image_pack_cost_flops", 64, "cost of packing one element of B from the image (general and "
          "strided routines: 0.7-1 ns against 0.16-0.25 ns for a copy on the AVX2 machine)"),
+    Knob("blis_weight_dot_tile", {"avx512": (4, 6), "avx2": (2, 6)}, "(MR, NT) of the backward weight pass's "
+         "inner-product micro-kernel per ISA: MR*NT vector accumulators + MR + 1 registers (29 of 32 zmm; "
+         "15 of 16 ymm)", keyed_by=("isa",)),
+    Knob("blis_weight_dot_blocks", (64, 1536, 64), "(taps, pixels, filters) per block of the backward weight "
+         "pass's inner-product form: its pixel-major panels of x (taps x pixels) and dy (filters x pixels) stay in L2"),
+    Knob("blis_weight_dot_min_pixels", 784, "the backward weight pass runs in inner-product form (both operands "
+         "packed pixel-major by vector copies) for images of at least this many output pixels, where packing "
+         "Cols^T tap by tap costs most (prototype on the Xeon host: 1.1-1.5x faster on 28x28 to 112x112 "
+         "layers, 1.2-2.2x slower on 14x14 and 7x7)"),
     Knob("blis_pointwise_tap_block", 16, "taps (channel streams) packed together by the pointwise packing "
          "routines", compile_time=True),
     # -- direct ----------------------------------------------------------------------------
