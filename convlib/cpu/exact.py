@@ -62,3 +62,44 @@ def repair_nonfinite(problem, x, w, bias, y) -> int:
     flat = np.flatnonzero(~np.isfinite(y.reshape(-1)))
     recompute_outputs(problem, x, w, bias, y, flat)
     return int(flat.size)
+
+
+@njit(parallel=True, cache=True)
+def _recompute_dx(dy, w, bias, has_bias, top, left, groups, flat, dx):
+    """``dx.flat[i] = bias[c] + sum_{k,r,s} dy[n, k, h + top - r, v + left - s] * w[k, c, r, s]``
+    over the ``dy`` positions that exist (stride 1, dilation 1), for every ``i`` of ``flat``: the
+    backward data pass's definition, which has no padding products."""
+    N, K, P, Q = dy.shape
+    _, Cg, R, S = w.shape
+    C, H, W = dx.shape[1], dx.shape[2], dx.shape[3]
+    Kg = K // groups
+    dxf = dx.reshape(-1)
+    for t in prange(flat.size):
+        i = flat[t]
+        v = i % W
+        h = (i // W) % H
+        c = (i // (W * H)) % C
+        n = i // (W * H * C)
+        acc = np.float64(bias[c]) if has_bias else np.float64(0.0)
+        g = c // Cg
+        for k in range(g * Kg, (g + 1) * Kg):
+            for r in range(R):
+                p = h + top - r
+                if p < 0 or p >= P:
+                    continue
+                for s in range(S):
+                    q = v + left - s
+                    if 0 <= q < Q:
+                        acc += np.float64(dy[n, k, p, q]) * np.float64(w[k, c - g * Cg, r, s])
+        dxf[i] = acc
+
+
+def repair_nonfinite_input_gradient(problem, dy, w, bias, dx) -> int:
+    """Recompute every non-finite element of ``dx`` (a stride-1, dilation-1 backward data pass)
+    by the definition; returns how many there were."""
+    flat = np.flatnonzero(~np.isfinite(dx.reshape(-1)))
+    if flat.size:
+        b = bias if bias is not None else np.zeros(1, dx.dtype)
+        _recompute_dx(dy, w, b, bias is not None, problem.pad_top, problem.pad_left, problem.groups,
+                      flat.astype(np.int64), dx)
+    return int(flat.size)
