@@ -187,7 +187,10 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
         gathers, for each ``dx`` element, the ``dy`` elements it fed (no zero insertion: at stride
         > 1 no multiplication is wasted); ``"im2col"`` forms the column matrix ``W^T dY`` per
         batch chunk with BLAS and folds it back (col2im); ``"blis"`` is the same GEMM packed from
-        the tensors, its col2im folded into the micro-kernel's store (no column matrix).
+        the tensors, its col2im folded into the micro-kernel's store (no column matrix);
+        ``"winograd"`` (``"winograd4"``, ``"winograd2"``), for 3x3 filters at stride 1 and dilation
+        1 with padding of at most 2, runs the forward Winograd kernels on the filters rotated by
+        180 degrees (the data pass is then a convolution of ``dy``).
     device
         As in :func:`conv2d`.
 
