@@ -78,6 +78,19 @@ def check_algo(algo) -> str:
     return algo
 
 
+def _plan(operation: str, arrays, device, algo, build_problem_of, **arguments):
+    """The plan of one call: the one built for the same call signature before
+    (:data:`~convlib.dispatch.plan.PLANS`), else ``algo`` checked, ``build_problem_of()``
+    validated and a new plan made. ``arguments`` are the call's other arguments as given."""
+
+    def build():
+        checked_algo = check_algo(algo)
+        problem = build_problem_of()
+        return make_plan(operation, problem, device, checked_algo, arrays)
+
+    return PLANS.get(call_signature(operation, arrays, device, algo, **arguments), build)
+
+
 def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="auto", device=None):
     """Batched 2-D convolution (cross-correlation, as in deep learning) over NCHW tensors.
 
@@ -146,15 +159,10 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
     """
     like = x
     x, w, bias = host_array("x", x), host_array("w", w), host_array("bias", bias)
-
-    def plan():
-        checked_algo = check_algo(algo)
-        problem = build_problem(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
-        return make_plan("conv2d", problem, device, checked_algo, (x, w, bias))
-
-    key = call_signature("conv2d", (x, w, bias), device, algo, stride=stride, padding=padding, dilation=dilation,
-                         groups=groups)
-    return PLANS.get(key, plan).run(x, w, bias, like=like)
+    plan = _plan("conv2d", (x, w, bias), device, algo,
+                 lambda: build_problem(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups),
+                 stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return plan.run(x, w, bias, like=like)
 
 
 _GRADIENT_NOTE = """
@@ -210,17 +218,12 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     like = dy
     _required(dy=dy, w=w)
     dy, w = _arrays(dy=dy, w=w)
-
-    def plan():
-        checked_algo = check_algo(algo)
-        problem = make_backward_data_problem(
-            tuple(dy.shape), tuple(w.shape), x_shape, array_dtype("dy", dy), array_dtype("w", w),
-            stride=stride, padding=padding, dilation=dilation, groups=groups)
-        return make_plan(problem.operation, problem, device, checked_algo, (dy, w))
-
-    key = call_signature("conv2d_backward_data", (dy, w), device, algo, x_shape=x_shape, stride=stride,
-                         padding=padding, dilation=dilation, groups=groups)
-    return PLANS.get(key, plan).run(dy, w, None, like=like)
+    plan = _plan("conv2d_backward_data", (dy, w), device, algo,
+                 lambda: make_backward_data_problem(
+                     tuple(dy.shape), tuple(w.shape), x_shape, array_dtype("dy", dy), array_dtype("w", w),
+                     stride=stride, padding=padding, dilation=dilation, groups=groups),
+                 x_shape=x_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return plan.run(dy, w, None, like=like)
 
 
 def conv2d_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, algo="auto",
@@ -262,17 +265,12 @@ def conv2d_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     like = x
     _required(x=x, dy=dy)
     x, dy = _arrays(x=x, dy=dy)
-
-    def plan():
-        checked_algo = check_algo(algo)
-        problem = make_backward_weight_problem(
-            tuple(x.shape), tuple(dy.shape), w_shape, array_dtype("x", x), array_dtype("dy", dy),
-            stride=stride, padding=padding, dilation=dilation, groups=groups)
-        return make_plan(problem.operation, problem, device, checked_algo, (x, dy))
-
-    key = call_signature("conv2d_backward_weight", (x, dy), device, algo, w_shape=w_shape, stride=stride,
-                         padding=padding, dilation=dilation, groups=groups)
-    return PLANS.get(key, plan).run(x, dy, like=like)
+    plan = _plan("conv2d_backward_weight", (x, dy), device, algo,
+                 lambda: make_backward_weight_problem(
+                     tuple(x.shape), tuple(dy.shape), w_shape, array_dtype("x", x), array_dtype("dy", dy),
+                     stride=stride, padding=padding, dilation=dilation, groups=groups),
+                 w_shape=w_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return plan.run(x, dy, like=like)
 
 
 def conv2d_backward_bias(dy, *, algo="auto", device=None):
@@ -296,13 +294,9 @@ def conv2d_backward_bias(dy, *, algo="auto", device=None):
     like = dy
     _required(dy=dy)
     (dy,) = _arrays(dy=dy)
-
-    def plan():
-        checked_algo = check_algo(algo)
-        problem = make_backward_bias_problem(tuple(dy.shape), array_dtype("dy", dy))
-        return make_plan(problem.operation, problem, device, checked_algo, (dy,))
-
-    return PLANS.get(call_signature("conv2d_backward_bias", (dy,), device, algo), plan).run(dy, like=like)
+    plan = _plan("conv2d_backward_bias", (dy,), device, algo,
+                 lambda: make_backward_bias_problem(tuple(dy.shape), array_dtype("dy", dy)))
+    return plan.run(dy, like=like)
 
 
 def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, groups=1, dilation=1,

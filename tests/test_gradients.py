@@ -358,10 +358,6 @@ def test_blis_allocates_no_more_than_its_workspace(op, rng):
     """Traced memory (numpy allocations) of one blis call whose column matrix would be 302 MB
     (8 images, 64 channels of 128x128, 3x3 taps): beyond the result, at most twice the
     workspace it reports plus 1 MiB of bookkeeping."""
-    import tracemalloc
-
-    from convlib.core.problem import ConvProblem
-
     impl = registry.implementation(op, "cpu", "blis")
     problem = replace(ConvProblem(8, 64, 128, 128, 64, 3, 3, padding=(1, 1, 1, 1), dtype="float32"), operation=op)
     columns = problem.N * problem.C * problem.R * problem.S * problem.P * problem.Q * problem.itemsize

@@ -106,10 +106,12 @@ def test_a_measured_choice_reaches_auto_through_the_cache(tmp_path, monkeypatch)
 def test_the_thread_count_is_part_of_the_signature():
     x, w = _arrays()
     threads = numba.get_num_threads()
+    if threads == 1:
+        pytest.skip("one numba thread: no other count to compare with")
     before = _signature(x, w)
     numba.set_num_threads(1)
     try:
-        assert _signature(x, w) != before or threads == 1
+        assert _signature(x, w) != before
     finally:
         numba.set_num_threads(threads)
     assert _signature(x, w) == before

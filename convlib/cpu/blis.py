@@ -87,6 +87,14 @@ def supports(problem: ConvProblem) -> str | None:
 # ------------------------------------------------------------------------------------------
 # The five loops
 # ------------------------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def part_of_tiles(size, tile, part, parts):
+    """``(lo, hi)``: part ``part`` of ``parts`` of ``range(size)``, cut at whole tiles of ``tile``
+    elements (one thread's share of a GEMM dimension; a part beyond the tiles is empty)."""
+    tiles = (size + tile - 1) // tile
+    return min(size, tiles * part // parts * tile), min(size, tiles * (part + 1) // parts * tile)
+
+
 @functools.lru_cache(maxsize=None)
 def blis_kernel(MR: int, NR: int):
     """The jitted driver for one register tile (any block sizes, dtype and problem shape).
@@ -115,17 +123,12 @@ def blis_kernel(MR: int, NR: int):
         M, Kg, Ng = geo.gemm_m, geo.gemm_k, geo.gemm_n
         PQ = geo.out_h * geo.out_w
         K = geo.out_channels
-        m_tiles = (M + MR - 1) // MR
-        n_tiles = (Ng + NR - 1) // NR
         first_mode = STORE_WITH_BIAS if has_bias else STORE
         for t in prange(Ac_ws.shape[0]):
             Ac, Bc, tile, taps, runs = Ac_ws[t], Bc_ws[t], tile_ws[t], taps_ws[t], runs_ws[t]
             mp, np_ = t // n_parts, t % n_parts
-            # Whole register tiles per thread; threads beyond the grid get an empty range.
-            m_lo = min(M, m_tiles * mp // m_parts * MR)
-            m_hi = min(M, m_tiles * (mp + 1) // m_parts * MR)
-            n_lo = min(Ng, n_tiles * np_ // n_parts * NR)
-            n_hi = min(Ng, n_tiles * (np_ + 1) // n_parts * NR)
+            m_lo, m_hi = part_of_tiles(M, MR, mp, m_parts)
+            n_lo, n_hi = part_of_tiles(Ng, NR, np_, n_parts)
             for g in range(geo.groups):
                 for jc in range(n_lo, n_hi, NC):
                     nc = min(NC, n_hi - jc)

@@ -72,7 +72,8 @@ import numpy as np
 from numba import njit, prange
 
 from ..core.problem import ConvProblem
-from .blis import geometry_of, partitions
+from .blis import geometry_of, part_of_tiles, partitions
+from .clipping import positions_inside
 from .im2col_backward import fill_channels
 from .isa import host_isa
 from .micro_kernels import ACCUMULATE, STORE, dot_micro_kernel, micro_kernel
@@ -135,8 +136,7 @@ def add_tile_to_image(tile, NR, geo, channel0, row0, mr, col0, nr, dx):
         row_off = r * geo.dil_h - geo.pad_top
         off = s * geo.dil_w - geo.pad_left
         # Output columns q whose input column q*sw + off lies inside [0, W).
-        q_in_lo = max(0, (-off + sw - 1) // sw)
-        q_in_hi = (W - 1 - off) // sw + 1
+        q_in_lo, q_in_hi = positions_inside(off, sw, W, Q)
         plane0 = (channel0 + c) * H
         n, p, q0 = n_first, p_first, q_first
         done = 0
@@ -365,8 +365,7 @@ def pack_b_transposed_from_image(x, geo, group, tap0, nc, pixel0, kc, NR, Bc):
             col_off = s * geo.dil_w - geo.pad_left
             tap_plane = (channel0 + c) * plane
             # Output columns q whose input column q*sw + col_off lies inside [0, W).
-            q_lo = min(Q, max(0, (-col_off + sw - 1) // sw))
-            q_hi = max(q_lo, min(Q, (W - 1 - col_off) // sw + 1))
+            q_lo, q_hi = positions_inside(col_off, sw, W, Q)
             n, oh, ow = n_first, oh_first, ow_first
             done = 0
             while done < kc:
@@ -419,21 +418,15 @@ def backward_weight_kernel(MR: int, NR: int):
         K = geo.out_channels
         PQ = geo.out_h * geo.out_w
         pixels = geo.batch * PQ
-        m_tiles = (Kg + MR - 1) // MR
-        n_tiles = (taps + NR - 1) // NR
         for t in prange(Ac_ws.shape[0]):
             Ac, Bc, tile = Ac_ws[t], Bc_ws[t], tile_ws[t]
             rp = t % r_parts
             np_ = t // r_parts % n_parts
             mp = t // (r_parts * n_parts)
             out = partial[rp]
-            # Whole register tiles per thread; threads beyond the grid get an empty range.
-            m_lo = min(Kg, m_tiles * mp // m_parts * MR)
-            m_hi = min(Kg, m_tiles * (mp + 1) // m_parts * MR)
-            n_lo = min(taps, n_tiles * np_ // n_parts * NR)
-            n_hi = min(taps, n_tiles * (np_ + 1) // n_parts * NR)
-            r_lo = pixels * rp // r_parts
-            r_hi = pixels * (rp + 1) // r_parts
+            m_lo, m_hi = part_of_tiles(Kg, MR, mp, m_parts)
+            n_lo, n_hi = part_of_tiles(taps, NR, np_, n_parts)
+            r_lo, r_hi = part_of_tiles(pixels, 1, rp, r_parts)
             for g in range(geo.groups):
                 for jc in range(n_lo, n_hi, NC):
                     nc = min(NC, n_hi - jc)
@@ -480,16 +473,13 @@ def backward_weight_dot_kernel(MR: int, NT: int, NR: int):
         K = geo.out_channels
         PQ = geo.out_h * geo.out_w
         pixels = geo.batch * PQ
-        t_tiles = (taps + NT - 1) // NT
         for t in prange(Bx_ws.shape[0]):
             Bx, By, tap_table, runs = Bx_ws[t], By_ws[t], taps_ws[t], runs_ws[t]
             rp = t % r_parts
             np_ = t // r_parts
             out = partial[rp]
-            n_lo = min(taps, t_tiles * np_ // n_parts * NT)
-            n_hi = min(taps, t_tiles * (np_ + 1) // n_parts * NT)
-            r_lo = pixels * rp // r_parts
-            r_hi = pixels * (rp + 1) // r_parts
+            n_lo, n_hi = part_of_tiles(taps, NT, np_, n_parts)
+            r_lo, r_hi = part_of_tiles(pixels, 1, rp, r_parts)
             for g in range(geo.groups):
                 for jc in range(r_lo, r_hi, NCP):
                     ncp = min(NCP, r_hi - jc)
@@ -569,73 +559,77 @@ def _dot_workspace(problem: ConvProblem, blocking, threads: int):
     """Element counts ``(Bx, By)`` per thread: the panels plus a tile's rows of slack (the
     micro-kernel reads whole MR and NT rows at the block's edge) and one vector (packing)."""
     (MR, NT), (TC, NCP, FC), _ = dot_layout(problem, blocking, threads)
-    slack = (MR + NT) * blocking.NR + VECTOR_SLACK_BYTES
+    slack = (MR + NT) * blocking.NR + VECTOR_SLACK_BYTES // problem.itemsize
     return TC * NCP + slack, FC * NCP + slack
 
 
 class _BlisWeight:
-    """The implementation contract of the blis backward weight pass (see the module docstring)."""
+    """The implementation contract of the blis backward weight pass (see the module docstring).
+
+    Either form is a kernel that sums into ``r_parts`` zeroed copies of ``dw`` (``dw`` itself
+    when the reduction is not split); :meth:`run` adds the copies in order.
+    """
 
     def supports(self, problem: ConvProblem) -> str | None:
         """blis serves every valid problem."""
         return None
 
-    def _run_inner_products(self, problem: ConvProblem, x, dy, dw):
+    def _outer_products(self, problem: ConvProblem):
+        """``(panel bytes, r_parts, launch)`` of the outer-product form; ``launch(x, dy,
+        partial)`` runs it."""
+        p = problem
+        dtype = np.dtype(p.dtype)
+        b = blis_blocking(p.dtype)
+        threads = partitions()
+        m_parts, n_parts, r_parts = weight_thread_grid(p, b, threads)
+        mc, kc, nc = b.panel_sizes(weight_gemm_shape(p, r_parts))
+        panel_bytes = threads * ((mc * kc + kc * nc + b.MR * b.NR) * p.itemsize + VECTOR_SLACK_BYTES)
+
+        def launch(x, dy, partial):
+            backward_weight_kernel(b.MR, b.NR)(
+                x.reshape(-1), dy.reshape(-1), geometry_of(p), b.MC, b.NC, kc, m_parts, n_parts, r_parts,
+                np.empty((threads, mc * kc), dtype), np.empty((threads, kc * nc), dtype),
+                np.empty((threads, b.MR * b.NR), dtype), partial)
+
+        return panel_bytes, r_parts, launch
+
+    def _inner_products(self, problem: ConvProblem):
+        """``(panel bytes, r_parts, launch)`` of the inner-product form."""
         p = problem
         dtype = np.dtype(p.dtype)
         b = blis_blocking(p.dtype)
         threads = partitions()
         (MR, NT), (TC, NCP, FC), (n_parts, r_parts) = dot_layout(p, b, threads)
         bx, by = _dot_workspace(p, b, threads)
-        partial = dw.reshape(1, -1) if r_parts == 1 else np.zeros((r_parts, dw.size), dtype)
-        backward_weight_dot_kernel(MR, NT, b.NR)(
-            x.reshape(-1), dy.reshape(-1), geometry_of(p), TC, NCP, FC, n_parts, r_parts,
-            np.zeros((threads, bx), dtype), np.zeros((threads, by), dtype),
-            np.empty((threads, TC, TAP_COLUMNS), np.int64), np.empty((threads, b.NR, RUN_COLUMNS), np.int64),
-            partial)
-        if r_parts > 1:
-            sum_parts(partial, dw.reshape(-1))
-        return dw
+        panel_bytes = threads * ((bx + by) * p.itemsize + (TC * TAP_COLUMNS + b.NR * RUN_COLUMNS) * 8)
 
-    def _layout(self, problem: ConvProblem):
-        b = blis_blocking(problem.dtype)
-        threads = partitions()
-        m_parts, n_parts, r_parts = weight_thread_grid(problem, b, threads)
-        mc, kc, nc = b.panel_sizes(weight_gemm_shape(problem, r_parts))
-        return b, threads, (m_parts, n_parts, r_parts), (mc, kc, nc)
+        def launch(x, dy, partial):
+            backward_weight_dot_kernel(MR, NT, b.NR)(
+                x.reshape(-1), dy.reshape(-1), geometry_of(p), TC, NCP, FC, n_parts, r_parts,
+                np.zeros((threads, bx), dtype), np.zeros((threads, by), dtype),
+                np.empty((threads, TC, TAP_COLUMNS), np.int64), np.empty((threads, b.NR, RUN_COLUMNS), np.int64),
+                partial)
+
+        return panel_bytes, r_parts, launch
+
+    def _form(self, problem: ConvProblem):
+        return (self._inner_products if uses_inner_products(problem) else self._outer_products)(problem)
 
     def workspace_bytes(self, problem: ConvProblem, device=None) -> int:
-        """Bytes of the packed panels, O(MC*KC + KC*NC) per thread, and of the per-part copies
-        of ``dw`` when the reduction is split: independent of N, H, W."""
-        dw_size = problem.K * problem.C_per_group * problem.R * problem.S
-        if uses_inner_products(problem):
-            b, threads = blis_blocking(problem.dtype), partitions()
-            _, (TC, _, _), (_, r_parts) = dot_layout(problem, b, threads)
-            bx, by = _dot_workspace(problem, b, threads)
-            tables = (TC * TAP_COLUMNS + b.NR * RUN_COLUMNS) * 8
-            copies = r_parts * dw_size if r_parts > 1 else 0
-            return threads * ((bx + by) * problem.itemsize + tables) + copies * problem.itemsize
-        b, threads, (_, _, r_parts), (mc, kc, nc) = self._layout(problem)
-        per_thread = (mc * kc + kc * nc + b.MR * b.NR) * problem.itemsize + VECTOR_SLACK_BYTES
-        dw_copies = r_parts * dw_size if r_parts > 1 else 0
-        return threads * per_thread + dw_copies * problem.itemsize
+        """Bytes of the packed panels per thread, and of the per-part copies of ``dw`` when the
+        reduction is split: independent of N, H, W."""
+        panel_bytes, r_parts, _ = self._form(problem)
+        copies = r_parts * problem.K * problem.gemm_k if r_parts > 1 else 0
+        return panel_bytes + copies * problem.itemsize
 
     def run(self, problem: ConvProblem, x, dy, device=None):
         p = problem
-        dtype = np.dtype(p.dtype)
-        dw = np.zeros(p.w_shape, dtype)
+        dw = np.zeros(p.w_shape, p.dtype)
         if p.N * p.P * p.Q == 0:
             return dw
-        if uses_inner_products(p):
-            return self._run_inner_products(p, x, dy, dw)
-        b, threads, (m_parts, n_parts, r_parts), (mc, kc, nc) = self._layout(p)
-        Ac_ws = np.empty((threads, mc * kc), dtype)
-        Bc_ws = np.empty((threads, kc * nc), dtype)
-        tile_ws = np.empty((threads, b.MR * b.NR), dtype)
-        partial = dw.reshape(1, -1) if r_parts == 1 else np.zeros((r_parts, dw.size), dtype)
-        backward_weight_kernel(b.MR, b.NR)(
-            x.reshape(-1), dy.reshape(-1), geometry_of(p), b.MC, b.NC, kc, m_parts, n_parts, r_parts,
-            Ac_ws, Bc_ws, tile_ws, partial)
+        _, r_parts, launch = self._form(p)
+        partial = dw.reshape(1, -1) if r_parts == 1 else np.zeros((r_parts, dw.size), p.dtype)
+        launch(x, dy, partial)
         if r_parts > 1:
             sum_parts(partial, dw.reshape(-1))
         return dw

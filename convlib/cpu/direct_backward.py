@@ -19,8 +19,8 @@
   unless a channel of ``dy`` holds an inf or NaN; then they are added, so ``0 * inf`` is NaN
   there as in the definition (the forward pass multiplies its padding too).
 
-Neither allocates beyond its result (and one flag per channel of ``dy``). Compile cost: one specialisation per dtype (``cache=True``);
-shapes and the geometry are run-time values.
+Neither allocates beyond its result (and one flag per channel of ``dy``). Compile cost: one
+specialisation per dtype (``cache=True``); shapes and the geometry are run-time values.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..core.problem import ConvProblem
+from .clipping import positions_inside
 
 #: Rows of ``dx`` (channels of one group) computed together, sharing each ``dy`` row they read.
 CHANNEL_BLOCK = 4
@@ -120,8 +121,7 @@ def backward_weight_kernel(x, dy, stride_h, stride_w, pad_top, pad_left, dil_h, 
         for s in range(S):
             # Output columns whose input column q*sw - left + s*dw lies inside [0, W).
             off = s * dil_w - pad_left
-            q_lo = min(Q, max(0, (-off + stride_w - 1) // stride_w))
-            q_hi = max(q_lo, min(Q, (W - 1 - off) // stride_w + 1))
+            q_lo, q_hi = positions_inside(off, stride_w, W, Q)
             for r in range(R):
                 # Two levels: each output row's products summed in row_zero's dtype, the rows in
                 # float64. A float32 running sum over all N*P*Q products loses accuracy as the sum
@@ -156,8 +156,7 @@ def backward_weight_kernel(x, dy, stride_h, stride_w, pad_top, pad_left, dil_h, 
         if nonfinite[k]:
             for s in range(S):
                 off = s * dil_w - pad_left
-                q_lo = min(Q, max(0, (-off + stride_w - 1) // stride_w))
-                q_hi = max(q_lo, min(Q, (W - 1 - off) // stride_w + 1))
+                q_lo, q_hi = positions_inside(off, stride_w, W, Q)
                 for r in range(R):
                     dw[k, task % Cg, r, s] += _padding_products(dy, k, r * dil_h - pad_top, stride_h, H, q_lo, q_hi)
 

@@ -6,13 +6,20 @@ Winograd's transforms mix every input of a tile into every output of the tile, s
 non-finite input reaches it through a non-zero transform coefficient), so the outputs to repair
 are among the non-finite ones: :func:`recompute_outputs` computes exactly those by the definition,
 accumulating in float64 (the window's ``inf``/``NaN`` come out as the sum makes them, the rest is
-the finite answer).
+the finite answer). :func:`repair_nonfinite_input_gradient` does the same for the backward data
+pass run by Winograd (:mod:`convlib.cpu.winograd_backward`), by that pass's own definition.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+
+
+@njit(cache=True, inline="always")
+def unravel_nchw(i, C, H, W):
+    """``(n, c, h, w)`` of flat index ``i`` of a C-ordered (N, C, H, W) array."""
+    return i // (W * H * C), (i // (W * H)) % C, (i // W) % H, i % W
 
 
 @njit(parallel=True, cache=True)
@@ -29,10 +36,7 @@ def _recompute(x, w, bias, has_bias, stride_h, stride_w, top, left, dil_h, dil_w
     yf = y.reshape(-1)
     for t in prange(flat.size):
         i = flat[t]
-        q = i % Q
-        p = (i // Q) % P
-        k = (i // (Q * P)) % K
-        n = i // (Q * P * K)
+        n, k, p, q = unravel_nchw(i, K, P, Q)
         acc = np.float64(bias[k]) if has_bias else np.float64(0.0)
         c0 = (k // Kg) * Cg
         for c in range(Cg):
@@ -76,10 +80,7 @@ def _recompute_dx(dy, w, bias, has_bias, top, left, groups, flat, dx):
     dxf = dx.reshape(-1)
     for t in prange(flat.size):
         i = flat[t]
-        v = i % W
-        h = (i // W) % H
-        c = (i // (W * H)) % C
-        n = i // (W * H * C)
+        n, c, h, v = unravel_nchw(i, C, H, W)
         acc = np.float64(bias[c]) if has_bias else np.float64(0.0)
         g = c // Cg
         for k in range(g * Kg, (g + 1) * Kg):

@@ -22,6 +22,7 @@ from numba import njit, prange
 
 from ..core import output_cache
 from ..core.problem import ConvProblem
+from .clipping import positions_inside
 
 
 def supports(problem: ConvProblem) -> str | None:
@@ -52,8 +53,7 @@ def fill_columns(
             col_off = s * dil_w - pad_left
             # Output columns q whose input column q*stride_w + col_off lies inside [0, W):
             # the loop over them has no bounds test, so it vectorises (stride 1 is a plain copy).
-            q_lo = min(Q, max(0, (-col_off + stride_w - 1) // stride_w))
-            q_hi = max(q_lo, min(Q, (W - 1 - col_off) // stride_w + 1))
+            q_lo, q_hi = positions_inside(col_off, stride_w, W, Q)
             for p in range(P):
                 out = cols[n, c, r, s, p]
                 h = p * stride_h - pad_top + r * dil_h

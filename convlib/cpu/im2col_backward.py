@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..core.problem import ConvProblem
+from .clipping import positions_inside
 from .im2col import fill_columns
 
 
@@ -36,8 +37,7 @@ def fold_columns(
         for r in range(R):
             for s in range(S):
                 col_off = s * dil_w - pad_left
-                q_lo = min(Q, max(0, (-col_off + stride_w - 1) // stride_w))
-                q_hi = max(q_lo, min(Q, (W - 1 - col_off) // stride_w + 1))
+                q_lo, q_hi = positions_inside(col_off, stride_w, W, Q)
                 for p in range(P):
                     h = p * stride_h - pad_top + r * dil_h
                     if h < 0 or h >= H:

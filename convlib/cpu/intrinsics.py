@@ -10,8 +10,8 @@ arrays (or inside the slack they allocated for it).
 Two families:
 
 * ``lanes``-wide vectors (a literal argument) for the micro-kernels: :func:`vector_zero`,
-  :func:`vector_fma`, :func:`vector_fma_lanes`, :func:`vector_sum`, :func:`vector_add_into`, :func:`vector_store_plus`,
-  :func:`vector_store_split`, and :func:`prefetch_for_write`;
+  :func:`vector_fma`, :func:`vector_fma_lanes`, :func:`vector_sum`, :func:`vector_add_into`,
+  :func:`vector_store_plus`, :func:`vector_store_split`, and :func:`prefetch_for_write`;
 * 32-byte vectors for the packing routines: :func:`copy_vector`, :func:`copy_vector_stride2`,
   :func:`deinterleave_vector`, :func:`zero_vector` and :func:`vector_lanes` (elements per 32 bytes, a compile-time constant).
 """
@@ -40,6 +40,15 @@ def _splat(builder, vec, value):
     one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
     zeros = ir.Constant(ir.VectorType(ir.IntType(32), lanes), None)
     return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), zeros)
+
+
+def _fma(builder, vec, a, b, c):
+    """``a * b + c`` on vectors of type ``vec`` (float or double lanes), one fused multiply-add
+    (``llvm.fma``)."""
+    bits = 64 if isinstance(vec.element, ir.DoubleType) else 32
+    fma = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{vec.count}f{bits}")
+    return builder.call(fma, [a, b, c])
 
 
 def _literal_lanes(lanes):
@@ -73,12 +82,8 @@ def vector_fma(typingctx, acc, acc_index, a, a_index, b, b_index, lanes):
         b_ptr, _, _ = _vector_at(context, builder, signature.args[4], args[4], args[5], L)
         a_data = context.make_array(signature.args[2])(context, builder, args[2]).data
         a_value = builder.load(builder.gep(a_data, [args[3]]), align=align)
-        fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vec, [vec, vec, vec]),
-            f"llvm.fma.v{L}f{signature.args[0].dtype.bitwidth}",
-        )
-        total = builder.call(fma, [builder.load(b_ptr, align=align), _splat(builder, vec, a_value),
-                                   builder.load(acc_ptr, align=align)])
+        total = _fma(builder, vec, builder.load(b_ptr, align=align), _splat(builder, vec, a_value),
+                     builder.load(acc_ptr, align=align))
         builder.store(total, acc_ptr, align=align)
         return context.get_dummy_value()
 
@@ -97,12 +102,8 @@ def vector_fma_lanes(typingctx, acc, acc_index, a, a_index, b, b_index, lanes):
         acc_ptr, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], L)
         a_ptr, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], L)
         b_ptr, _, _ = _vector_at(context, builder, signature.args[4], args[4], args[5], L)
-        fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vec, [vec, vec, vec]),
-            f"llvm.fma.v{L}f{signature.args[0].dtype.bitwidth}",
-        )
-        total = builder.call(fma, [builder.load(a_ptr, align=align), builder.load(b_ptr, align=align),
-                                   builder.load(acc_ptr, align=align)])
+        total = _fma(builder, vec, builder.load(a_ptr, align=align), builder.load(b_ptr, align=align),
+                     builder.load(acc_ptr, align=align))
         builder.store(total, acc_ptr, align=align)
         return context.get_dummy_value()
 

@@ -30,6 +30,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from .codegen import PER_ROW, exec_function, render
+from .clipping import positions_inside
 from .intrinsics import copy_vector, copy_vector_stride2, vector_lanes, zero_vector
 from .tables import KNOBS
 
@@ -162,12 +163,8 @@ def pack_b_from_image(
         taps[p, TAP_ROW_OFFSET] = row_off
         taps[p, TAP_COL_OFFSET] = col_off
         # Output columns q whose input column q*sw + col_off lies inside [0, W), rows likewise.
-        q_lo = min(Q, max(0, (-col_off + sw - 1) // sw))
-        taps[p, TAP_Q_LO] = q_lo
-        taps[p, TAP_Q_HI] = max(q_lo, min(Q, (W - 1 - col_off) // sw + 1))
-        p_lo = min(P, max(0, (-row_off + sh - 1) // sh))
-        taps[p, TAP_P_LO] = p_lo
-        taps[p, TAP_P_HI] = max(p_lo, min(P, (H - 1 - row_off) // sh + 1))
+        taps[p, TAP_Q_LO], taps[p, TAP_Q_HI] = positions_inside(col_off, sw, W, Q)
+        taps[p, TAP_P_LO], taps[p, TAP_P_HI] = positions_inside(row_off, sh, H, P)
         s += 1
         if s == geo.filter_w:
             s = 0
