@@ -246,10 +246,20 @@ def test_tune_refuses_an_unknown_mode():
 def test_an_interrupted_tune_puts_the_earlier_profile_back(profile_env, monkeypatch):
     KNOBS.apply_profile({"direct_serial_below_flops": 1234})
 
-    def boom(*args, **kwargs):
+    applied = []
+
+    def first_stage(*args, **kwargs):
+        # What a finished stage does: its choice is applied before the next stage runs. (Canned, so
+        # the test does not compile the candidates; the real searches run in the test above.)
+        return search.Found(knobs={"direct_serial_below_flops": 99})
+
+    def interrupted(*args, **kwargs):
+        applied.append(KNOBS.profile())
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(search, "search_winograd", boom)
+    monkeypatch.setattr(search, "search_blis", first_stage)
+    monkeypatch.setattr(search, "search_direct", interrupted)
     with warnings.catch_warnings(), pytest.raises(KeyboardInterrupt):
         convlib.tune("quick", progress=False, save=False, shape_sets=TINY)
+    assert applied == [{"direct_serial_below_flops": 99}]  # the first stage's choice was in force
     assert KNOBS.profile() == {"direct_serial_below_flops": 1234}
