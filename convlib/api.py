@@ -39,6 +39,15 @@ def _arrays(**named):
     return out
 
 
+def _dask(*arrays):
+    """:mod:`convlib.dask` when one of ``arrays`` is a Dask array (judged from its type's module,
+    so dask is imported only by those who pass one), else None."""
+    if any(a is not None and type(a).__module__.split(".")[0] == "dask" for a in arrays):
+        from . import dask as dask_arrays
+        return dask_arrays
+    return None
+
+
 def _required(**named) -> None:
     for name, arr in named.items():
         if arr is None:
@@ -157,6 +166,9 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
            [6., 9., 9., 6.],
            [4., 6., 6., 4.]], dtype=float32)
     """
+    if (dask_arrays := _dask(x, w, bias)) is not None:
+        return dask_arrays.conv2d(conv2d, check_algo, x, w, bias, stride=stride, padding=padding,
+                                  dilation=dilation, groups=groups, algo=algo, device=device)
     like = x
     x, w, bias = host_array("x", x), host_array("w", w), host_array("bias", bias)
     plan = _plan("conv2d", (x, w, bias), device, algo,
@@ -215,6 +227,10 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     NotImplementedError
         A valid request the chosen algorithm cannot serve; the message lists those that can.
     """
+    if (dask_arrays := _dask(dy, w)) is not None:
+        return dask_arrays.conv2d_backward_data(conv2d_backward_data, check_algo, dy, w, x_shape, stride=stride,
+                                                padding=padding, dilation=dilation, groups=groups, algo=algo,
+                                                device=device)
     like = dy
     _required(dy=dy, w=w)
     dy, w = _arrays(dy=dy, w=w)
@@ -262,6 +278,10 @@ def conv2d_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     TypeError, ValueError, NotImplementedError
         As :func:`conv2d_backward_data`.
     """
+    if (dask_arrays := _dask(x, dy)) is not None:
+        return dask_arrays.conv2d_backward_weight(conv2d_backward_weight, check_algo, x, dy, w_shape, stride=stride,
+                                                  padding=padding, dilation=dilation, groups=groups, algo=algo,
+                                                  device=device)
     like = x
     _required(x=x, dy=dy)
     x, dy = _arrays(x=x, dy=dy)
@@ -291,6 +311,8 @@ def conv2d_backward_bias(dy, *, algo="auto", device=None):
     db : array, shape (K,)
     """ + _GRADIENT_NOTE + """
     """
+    if (dask_arrays := _dask(dy)) is not None:
+        return dask_arrays.conv2d_backward_bias(conv2d_backward_bias, check_algo, dy, algo=algo, device=device)
     like = dy
     _required(dy=dy)
     (dy,) = _arrays(dy=dy)
@@ -334,6 +356,10 @@ def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, 
     TypeError, ValueError, NotImplementedError
         As :func:`conv2d`.
     """
+    if (dask_arrays := _dask(x, w, bias)) is not None:
+        return dask_arrays.conv_transpose2d(conv_transpose2d, check_algo, x, w, bias, stride=stride, padding=padding,
+                                            output_padding=output_padding, groups=groups, dilation=dilation,
+                                            algo=algo, device=device)
     algo = check_algo(algo)
     _required(x=x, w=w)
     like = x

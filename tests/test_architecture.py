@@ -8,7 +8,8 @@ the bottom (docs/architecture.md):
 1. ``convlib.cpu``, ``convlib.sycl``, ``convlib.cuda`` -- the backends, which import only the
    core and themselves (never each other);
 2. ``convlib.dispatch`` -- devices, registry, selection, tuning, plans;
-3. ``convlib.api``, ``convlib.tune`` -- the public functions;
+3. ``convlib.api``, ``convlib.tune`` -- the public functions; ``convlib.dask``, where the API sends
+   Dask arrays (it runs the in-memory functions the API passes it, so it never imports the API);
 4. ``convlib`` (its ``__init__``) -- the public names;
 5. ``convlib.bench``, ``convlib.testing`` -- tools on top; ``convlib.torch``, ``convlib.jax`` --
    the framework integrations, which only ``import convlib.torch`` (``.jax``) loads.
@@ -30,7 +31,7 @@ FLOORS = (
     (0, ("convlib.core",)),
     (1, ("convlib.cpu", "convlib.sycl", "convlib.cuda")),
     (2, ("convlib.dispatch",)),
-    (3, ("convlib.api", "convlib.tune")),
+    (3, ("convlib.api", "convlib.tune", "convlib.dask")),
     (5, ("convlib.bench", "convlib.testing", "convlib.torch", "convlib.jax")),
 )
 BACKENDS = ("convlib.cpu", "convlib.sycl", "convlib.cuda")
@@ -161,6 +162,7 @@ def test_the_checks_can_fail():
 
 def test_import_convlib_loads_no_framework():
     """The framework integrations are optional extras: ``import convlib`` must not need them."""
-    code = ("import sys, convlib; loaded = {'torch', 'jax', 'convlib.torch', 'convlib.jax'} & set(sys.modules); "
+    code = ("import sys, convlib; loaded = {'torch', 'jax', 'dask', 'convlib.torch', 'convlib.jax', 'convlib.dask'}"
+            " & set(sys.modules); "
             "assert not loaded, loaded")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,532 @@
+"""convlib on Dask arrays: a :class:`dask.array.Array` in, a lazy :class:`dask.array.Array` out.
+
+:func:`convlib.conv2d` and its backward passes call into this module when an argument is a Dask
+array (:func:`is_dask_array`, judged from the type's module, so ``import convlib`` never imports
+dask). The whole problem is validated once, on shapes, by the same functions as for numpy
+input, so the errors are the same; then every block runs the in-memory function that ``api``
+passes in (validation, ``algo=`` and ``device=`` apply per block; CuPy chunks run on the CUDA
+backend where they live).
+
+How a forward convolution is cut (:class:`ChunkPlan`, docs/dask.md has the figure):
+
+* batch chunks map block by block;
+* along H and W the whole image is padded once, the input chunk boundaries are moved down to
+  multiples of the stride, and each block gets the ``dilation*(R-1)+1-stride`` rows (columns)
+  of its successor that its last output rows read: a far-side-only halo, no padding at inner
+  borders;
+* chunks along C give partial sums, added by a tree reduction (``split_every``), as dask's own
+  matmul does; with ``groups > 1`` a C chunk must hold whole groups and then maps to the K range
+  of those groups (no sum);
+* chunks of ``w`` along K (``groups == 1``) split the filters and the output channels;
+* the bias is added once, after the sum.
+
+Threads: each block limits numba to ``cores // dask threads of its worker`` threads
+(:func:`task_threads`), so a worker never runs more numba threads than the machine has cores.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from itertools import accumulate
+
+import dask
+import dask.array as da
+import numpy as np
+from dask.array.overlap import overlap
+
+from .core.problem import (
+    ConvProblem, array_dtype, make_backward_bias_problem, make_backward_data_problem, make_backward_weight_problem,
+    make_problem, make_transpose_problem,
+)
+from .dispatch.devices import host_array
+from .dispatch.plan import make_plan
+
+__all__ = ["ChunkPlan", "chunk_plan", "is_dask_array", "task_threads", "conv2d", "conv2d_backward_data",
+           "conv2d_backward_weight", "conv2d_backward_bias", "conv_transpose2d"]
+
+#: How many partial sums one task of the tree reduction adds (dask's default is 4 for sums;
+#: 8 halves the depth for the few C chunks a convolution has, at most 8 blocks in memory per task).
+SPLIT_EVERY = 8
+
+
+def is_dask_array(arr) -> bool:
+    """Whether ``arr`` is a Dask array, judged from its type alone (dask is not imported)."""
+    return arr is not None and type(arr).__module__.split(".")[0] == "dask" and hasattr(arr, "chunks")
+
+
+# -- threads -------------------------------------------------------------------------------------
+
+def _dask_threads_here() -> int:
+    """The number of dask threads that may run tasks at once in this process."""
+    try:
+        from distributed import get_worker
+        worker = get_worker()
+    except (ImportError, ValueError):
+        worker = None
+    if worker is not None:
+        return int(getattr(getattr(worker, "state", worker), "nthreads", 1))
+    if threading.current_thread() is threading.main_thread():
+        return 1  # the synchronous scheduler, or a direct call
+    return int(dask.config.get("num_workers", None) or os.cpu_count() or 1)
+
+
+#: Serialises the kernels of concurrent tasks when numba's ``workqueue`` layer was already
+#: launched in this process (it aborts when two threads enter it at once).
+_WORKQUEUE_LOCK = threading.Lock()
+
+
+def _layer_guard():
+    """A context that makes concurrent parallel kernels safe: before numba launches its threading
+    layer, ask for a thread-safe one (``tbb`` or ``omp``: numba's error, not an abort, if neither
+    loads); once ``workqueue`` runs, a lock."""
+    import numba
+    from numba.np.ufunc import parallel
+
+    if not parallel._is_initialized:
+        if numba.config.THREADING_LAYER == "default":
+            numba.config.THREADING_LAYER = "threadsafe"
+        return nullcontext()
+    return _WORKQUEUE_LOCK if numba.threading_layer() == "workqueue" else nullcontext()
+
+
+@contextmanager
+def task_threads():
+    """Run the body with ``max(1, cores // dask threads)`` numba threads on this thread.
+
+    ``numba.set_num_threads`` is a per-thread setting, so concurrent tasks of one worker each
+    set their own; the previous value is restored. ``cores`` is ``NUMBA_NUM_THREADS`` (the
+    machine's cores unless set), which distributed does not lower in its workers: on a host
+    with several workers, give each its share (``env={"NUMBA_NUM_THREADS": ...}`` of the worker).
+    """
+    import numba
+
+    guard = _layer_guard()  # first: get_num_threads launches the threading layer
+    cores = numba.config.NUMBA_NUM_THREADS
+    wanted = max(1, cores // max(1, _dask_threads_here()))
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(wanted, cores))
+    try:
+        with guard:
+            yield
+    finally:
+        numba.set_num_threads(before)
+
+
+# -- the chunk plan ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AxisPlan:
+    """How one spatial axis (H or W) of a forward convolution is cut.
+
+    Parameters
+    ----------
+    name : str
+        ``"H"`` or ``"W"``.
+    input_chunks : tuple of int
+        The padded input's chunks: every boundary a multiple of the stride; the padding before
+        the image is in the first chunk, the padding after it in the last.
+    halo : int
+        Rows (columns) of the next chunk each block reads: ``dilation*(R-1)+1-stride``, at least 0.
+    output_chunks : tuple of int
+        The output rows (columns) of each block.
+    pad : (int, int)
+        Zeros added before and after the whole image, once.
+    """
+
+    name: str
+    input_chunks: tuple[int, ...]
+    halo: int
+    output_chunks: tuple[int, ...]
+    pad: tuple[int, int]
+
+    @property
+    def extra_reads(self) -> int:
+        """Halo rows read a second time (every block but the last reads one halo)."""
+        return self.halo * (len(self.input_chunks) - 1)
+
+
+def _axis_plan(name, chunks, pad, stride, dilation, taps, n_out) -> AxisPlan:
+    size = sum(chunks) + pad[0] + pad[1]
+    span = dilation * (taps - 1) + 1
+    halo = max(0, span - stride)
+    # A block that starts on a multiple of the stride in the padded image computes its rows with
+    # no offset. Boundary b of the input becomes padded row b - b % stride: output block i then
+    # starts at output row b // stride, so the output chunks are the input's divided by the
+    # stride (equal to them at stride 1, "same" padding included), which zarr needs regular.
+    aligned = sorted({b - b % stride for b in accumulate(chunks[:-1])})
+    aligned = [b for b in aligned if 0 < b < size]
+    pieces = [b - a for a, b in zip([0] + aligned, aligned + [size])]
+    # A last chunk shorter than the filter's span yields no output row of its own: its rows
+    # join the chunk before (its predecessor's halo already covers them).
+    while len(pieces) > 1 and pieces[-1] < span:
+        pieces[-2:] = [pieces[-2] + pieces[-1]]
+    for i in range(1, len(pieces)):
+        if pieces[i] < halo:
+            start = sum(pieces[:i]) - pad[0]
+            raise ValueError(
+                f"x's chunk {i} along {name} (rows {max(start, 0)}..{start + pieces[i] - 1} of the input, "
+                f"after aligning chunk starts to the stride {stride}) has {pieces[i]} rows, fewer than the "
+                f"halo of {halo} rows (dilation*(R-1)+1-stride) that the chunk before it reads; rechunk {name} "
+                f"to chunks of at least {halo + stride - 1}")
+    outputs = [p // stride for p in pieces[:-1]]
+    outputs.append(n_out - sum(outputs))
+    assert outputs[-1] >= 1, (name, pieces, outputs)
+    return AxisPlan(name, tuple(pieces), halo, tuple(outputs), tuple(pad))
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """How a forward convolution of a chunked input is cut into blocks; a value, computed once.
+
+    Parameters
+    ----------
+    problem : ConvProblem
+        The whole convolution.
+    batch_chunks : tuple of int
+        Batch chunks, input and output alike (no halo).
+    channel_chunks : tuple of int
+        ``x``'s chunks along C.
+    partial_sums : bool
+        Whether the C chunks give partial sums added by a tree reduction (``groups == 1`` and
+        more than one C chunk); otherwise each C chunk holds whole groups (``groups > 1``).
+    filter_chunks : tuple of int
+        Output channel chunks (``w``'s chunks along K, or the K range of each C chunk's groups).
+    h, w : AxisPlan
+        The spatial axes.
+    """
+
+    problem: ConvProblem
+    batch_chunks: tuple[int, ...]
+    channel_chunks: tuple[int, ...]
+    partial_sums: bool
+    filter_chunks: tuple[int, ...]
+    h: AxisPlan
+    w: AxisPlan
+
+    @property
+    def output_chunks(self) -> tuple[tuple[int, ...], ...]:
+        """The result's chunks, ``(N, K, P, Q)``."""
+        return (self.batch_chunks, self.filter_chunks, self.h.output_chunks, self.w.output_chunks)
+
+    @property
+    def input_chunks(self) -> tuple[tuple[int, ...], ...]:
+        """The padded, stride-aligned input's chunks before the halo, ``(N, C, H + pads, W + pads)``."""
+        return (self.batch_chunks, self.channel_chunks, self.h.input_chunks, self.w.input_chunks)
+
+    def reads(self, i: int, j: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The input blocks (along H, along W) that output block ``(i, j)`` reads."""
+        def along(axis: AxisPlan, b: int):
+            return (b, b + 1) if axis.halo and b + 1 < len(axis.input_chunks) else (b,)
+        return along(self.h, i), along(self.w, j)
+
+    @property
+    def read_factor(self) -> float:
+        """Input elements read (halos included, padding included) over the input's elements."""
+        p = self.problem
+        read = (p.H + sum(self.h.pad) + self.h.extra_reads) * (p.W + sum(self.w.pad) + self.w.extra_reads)
+        return read * (len(self.filter_chunks) if self.partial_sums or self.problem.groups == 1 else 1) / (p.H * p.W)
+
+    @property
+    def tasks(self) -> int:
+        """Convolution tasks (blocks computed), before the reduction."""
+        return (len(self.batch_chunks) * len(self.channel_chunks) * len(self.h.output_chunks)
+                * len(self.w.output_chunks) * (len(self.filter_chunks) if self.problem.groups == 1 else 1))
+
+    def describe(self) -> str:
+        """A few lines for people: the blocks, the halo, what the cut costs."""
+        p = self.problem
+        def chunks(c):
+            return f"{len(c)} x {c[0]}" if len(set(c[:-1])) <= 1 and c[-1] <= c[0] else str(c)
+        lines = [
+            p.describe(),
+            f"  batch chunks {chunks(self.batch_chunks)}; C chunks {chunks(self.channel_chunks)}"
+            + (f" (partial sums, tree reduction split_every={SPLIT_EVERY})" if self.partial_sums else "")
+            + f"; K chunks {chunks(self.filter_chunks)}",
+        ]
+        for a in (self.h, self.w):
+            lines.append(f"  {a.name}: pad {a.pad[0]}+{a.pad[1]} once; input chunks {chunks(a.input_chunks)} "
+                         f"(stride-aligned); halo {a.halo} on the far side; output chunks {chunks(a.output_chunks)}")
+        lines.append(f"  {self.tasks} convolution tasks; input read {self.read_factor:.3f}x its size "
+                     f"(halos, padding{', once per K chunk' if len(self.filter_chunks) > 1 and p.groups == 1 else ''})")
+        return "\n".join(lines)
+
+    __str__ = describe
+
+
+def chunk_plan(problem: ConvProblem, x_chunks, w_filter_chunks=None) -> ChunkPlan:
+    """The :class:`ChunkPlan` of a forward ``problem`` for an input chunked as ``x_chunks``.
+
+    Parameters
+    ----------
+    problem : ConvProblem
+        The validated forward convolution.
+    x_chunks : tuple of 4 tuples of int
+        ``x.chunks``.
+    w_filter_chunks : tuple of int, optional
+        ``w.chunks[0]`` when ``w`` is a Dask array (``groups == 1`` only).
+
+    Raises
+    ------
+    ValueError
+        A spatial chunk smaller than the halo (naming it), or, with ``groups > 1``, a C chunk that
+        does not hold whole groups.
+    """
+    p = problem
+    n_chunks, c_chunks, h_chunks, w_chunks = (tuple(int(c) for c in axis) for axis in x_chunks)
+    if p.groups == 1:
+        filter_chunks = tuple(w_filter_chunks) if w_filter_chunks is not None else (p.K,)
+        partial = len(c_chunks) > 1
+    else:
+        per_group = p.C // p.groups
+        bad = [i for i, c in enumerate(c_chunks) if c % per_group]
+        if bad:
+            raise ValueError(
+                f"x's chunk {bad[0]} along C has {c_chunks[bad[0]]} channels: with groups={p.groups} every C chunk "
+                f"must hold whole groups (a multiple of C/groups = {per_group}); rechunk C to multiples of {per_group}")
+        filter_chunks = tuple(c // per_group * p.K_per_group for c in c_chunks)
+        partial = False
+    h = _axis_plan("H", h_chunks, p.padding[:2], p.stride[0], p.dilation[0], p.R, p.P)
+    w = _axis_plan("W", w_chunks, p.padding[2:], p.stride[1], p.dilation[1], p.S, p.Q)
+    return ChunkPlan(p, n_chunks, c_chunks, partial, filter_chunks, h, w)
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+def _as_dask(arr, chunks=None):
+    """A Dask array for ``arr`` (host arrays become one chunk, or ``chunks``)."""
+    if is_dask_array(arr):
+        return arr if chunks is None else arr.rechunk(chunks)
+    return da.from_array(arr, chunks=chunks if chunks is not None else tuple(arr.shape))
+
+
+def _meta(like, ndim: int, dtype):
+    """An empty array of ``like``'s kind (numpy, CuPy, ...) with ``ndim`` dimensions."""
+    meta = getattr(like, "_meta", None)
+    if meta is None:
+        return np.empty((0,) * ndim, dtype)
+    return meta.astype(dtype).reshape((0,) * ndim)
+
+
+def _shape_dtype(name, arr):
+    if arr is not None and not hasattr(arr, "shape"):
+        raise TypeError(f"{name} of type {type(arr).__name__} is not an array")
+    return tuple(arr.shape), array_dtype(name, arr)
+
+
+def _required(**named):
+    for name, arr in named.items():
+        if arr is None:
+            raise TypeError(f"{name}=None is not an array; pass a numpy (or device) array")
+
+
+def _host(name, arr):
+    return arr if is_dask_array(arr) else host_array(name, arr)
+
+
+def _check_plan(operation, problem, device, algo, *arrays):
+    """The checks the in-memory call makes before any work: the device and whether ``algo`` can
+    serve the problem (``NotImplementedError`` naming those that can)."""
+    metas = [getattr(a, "_meta", a) for a in arrays]
+    make_plan(operation, problem, device, algo, tuple(metas))
+
+
+def _only_chunks(name, arr, axes, supported):
+    for axis in axes:
+        if len(arr.chunks[axis]) > 1:
+            raise NotImplementedError(
+                f"{name} is chunked along axis {axis} ({arr.chunks[axis]}); {supported}")
+
+
+# -- the forward convolution -----------------------------------------------------------------------
+
+def _forward_block(xb, wb, bb=None, *, run, partial, groups, arguments):
+    with task_threads():
+        y = run(xb, wb, bb, padding=0, groups=groups, **arguments)
+    return y[None] if partial else y
+
+
+def conv2d(run, check_algo, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="auto",
+           device=None):
+    """:func:`convlib.conv2d` of a Dask array: a lazy Dask array of chunks :attr:`ChunkPlan.output_chunks`.
+
+    ``run`` is the in-memory :func:`convlib.conv2d` (each block calls it), ``check_algo`` the API's
+    check of ``algo``; the other arguments are :func:`convlib.conv2d`'s.
+    """
+    _required(x=x, w=w)
+    x, w, bias = _host("x", x), _host("w", w), _host("bias", bias)
+    algo = check_algo(algo)
+    (xs, xd), (ws, wd) = _shape_dtype("x", x), _shape_dtype("w", w)
+    bs, bd = _shape_dtype("bias", bias) if bias is not None else (None, None)
+    problem = make_problem(xs, ws, bs, xd, wd, bd, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    _check_plan("conv2d", problem, device, algo, x, w, bias)
+    x = _as_dask(x)
+    plan = chunk_plan(problem, x.chunks, w.chunks[0] if is_dask_array(w) and groups == 1 else None)
+    return _run_forward(run, plan, x, w, bias, algo=algo, device=device)
+
+
+def _run_forward(run, plan: ChunkPlan, x, w, bias, *, algo, device):
+    p = plan.problem
+    dtype = np.dtype(p.dtype)
+    if any(p.padding):
+        x = da.pad(x, ((0, 0), (0, 0), plan.h.pad, plan.w.pad), mode="constant")
+    x = x.rechunk(plan.input_chunks)
+    if plan.h.halo or plan.w.halo:
+        x = overlap(x, depth={0: 0, 1: 0, 2: (0, plan.h.halo), 3: (0, plan.w.halo)},
+                    boundary={0: "none", 1: "none", 2: "none", 3: "none"}, allow_rechunk=False)
+    arguments = dict(stride=p.stride, dilation=p.dilation, algo=algo, device=device)
+    adjust = {"y": plan.h.output_chunks, "x": plan.w.output_chunks}
+    if p.groups == 1:
+        w = _as_dask(w, (plan.filter_chunks, plan.channel_chunks, p.R, p.S))
+        if plan.partial_sums:
+            # One partial sum per C chunk on a new leading axis, added by a tree reduction: the
+            # blocks of one output block meet a few at a time, never all at once in one task.
+            y = da.blockwise(_forward_block, "cnkyx", x, "ncyx", w, "kcrs", dtype=dtype,
+                             meta=_meta(x, 5, dtype), adjust_chunks={"c": 1, **adjust}, concatenate=True,
+                             run=run, partial=True, groups=1, arguments=arguments)
+            y = y.sum(axis=0, split_every=SPLIT_EVERY, dtype=dtype)
+            if bias is not None:
+                y = y + _as_dask(bias, (plan.filter_chunks,))[None, :, None, None]
+            return y
+        blocks = [x, "ncyx", w, "kcrs"]
+        if bias is not None:
+            blocks += [_as_dask(bias, (plan.filter_chunks,)), "k"]
+        return da.blockwise(_forward_block, "nkyx", *blocks, dtype=dtype, meta=_meta(x, 4, dtype),
+                            adjust_chunks=adjust, concatenate=True, run=run, partial=False, groups=1,
+                            arguments=arguments)
+    # groups > 1: C chunk i holds whole groups, whose filters are w's K chunk i; the channel axis
+    # of x and the K axis of w share a block index (their chunk sizes differ, so no alignment).
+    w = _as_dask(w, (plan.filter_chunks, p.C // p.groups, p.R, p.S))
+    blocks = [x, "nkyx", w, "kcrs"]
+    if bias is not None:
+        blocks += [_as_dask(bias, (plan.filter_chunks,)), "k"]
+    out = None
+    groups_per_chunk = {c // (p.C // p.groups) for c in plan.channel_chunks}
+    if len(groups_per_chunk) > 1:
+        # Blocks with different group counts: one blockwise per distinct count would split the
+        # graph; instead each block infers its groups from its own shape.
+        groups_arg = None
+    else:
+        groups_arg = groups_per_chunk.pop()
+    out = da.blockwise(_grouped_block, "nkyx", *blocks, dtype=dtype, meta=_meta(x, 4, dtype),
+                       adjust_chunks={"k": plan.filter_chunks, **adjust}, align_arrays=False, concatenate=True,
+                       run=run, groups=groups_arg, per_group=p.C // p.groups, arguments=arguments)
+    return out
+
+
+def _grouped_block(xb, wb, bb=None, *, run, groups, per_group, arguments):
+    with task_threads():
+        return run(xb, wb, bb, padding=0, groups=groups or xb.shape[1] // per_group, **arguments)
+
+
+# -- the backward passes and the transposed convolution --------------------------------------------
+
+def _weight_block(xb, dyb, *, run, arguments):
+    with task_threads():
+        return run(xb, dyb, **arguments)[None]
+
+
+def _bias_block(dyb, *, run, arguments):
+    with task_threads():
+        return run(dyb, **arguments)[None]
+
+
+_BATCH_ONLY = "supported are chunks along N (the batch) only: rechunk the other axes to one chunk"
+
+
+def conv2d_backward_data(run, check_algo, dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                         algo="auto", device=None):
+    """:func:`convlib.conv2d_backward_data` of a batch-chunked Dask ``dy``: ``dx`` chunked as ``dy``
+    along N, one chunk along C, H and W."""
+    _required(dy=dy, w=w)
+    dy, w = _host("dy", dy), _host("w", w)
+    algo = check_algo(algo)
+    (dys, dyd), (ws, wd) = _shape_dtype("dy", dy), _shape_dtype("w", w)
+    problem = make_backward_data_problem(dys, ws, x_shape, dyd, wd, stride=stride, padding=padding,
+                                         dilation=dilation, groups=groups)
+    _check_plan("conv2d_backward_data", problem, device, algo, dy, w)
+    dy = _as_dask(dy)
+    _only_chunks("dy", dy, (1, 2, 3), _BATCH_ONLY)
+    w = _as_dask(w, w.shape)
+    p = problem
+    dtype = np.dtype(p.dtype)
+    arguments = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, algo=algo, device=device)
+    return da.map_blocks(_batch_block_shape, dy, w, dtype=dtype, meta=_meta(dy, 4, dtype),
+                         chunks=(dy.chunks[0], (p.C,), (p.H,), (p.W,)), run=run, x_shape=p.x_shape,
+                         arguments=arguments)
+
+
+def _batch_block_shape(dyb, wb, *, run, x_shape, arguments):
+    with task_threads():
+        return run(dyb, wb, (dyb.shape[0],) + tuple(x_shape[1:]), **arguments)
+
+
+def conv2d_backward_weight(run, check_algo, x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                           algo="auto", device=None):
+    """:func:`convlib.conv2d_backward_weight` of batch-chunked Dask ``x`` and ``dy``: one ``dw`` per
+    batch chunk, added by a tree reduction; a Dask array of one chunk."""
+    _required(x=x, dy=dy)
+    x, dy = _host("x", x), _host("dy", dy)
+    algo = check_algo(algo)
+    (xs, xd), (dys, dyd) = _shape_dtype("x", x), _shape_dtype("dy", dy)
+    problem = make_backward_weight_problem(xs, dys, w_shape, xd, dyd, stride=stride, padding=padding,
+                                           dilation=dilation, groups=groups)
+    _check_plan("conv2d_backward_weight", problem, device, algo, x, dy)
+    x = _as_dask(x)
+    _only_chunks("x", x, (1, 2, 3), _BATCH_ONLY)
+    # dy follows x's batch chunks: a rechunk of the batch axis alone moves whole images.
+    dy = _as_dask(dy, (x.chunks[0], dys[1], dys[2], dys[3]))
+    p = problem
+    dtype = np.dtype(p.dtype)
+    arguments = dict(w_shape=p.w_shape, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                     algo=algo, device=device)
+    partial = da.blockwise(_weight_block, "bkcrs", x, "bzhw", dy, "bypq", dtype=dtype,
+                           meta=_meta(x, 5, dtype), new_axes={"k": p.K, "c": p.C // p.groups, "r": p.R, "s": p.S},
+                           adjust_chunks={"b": 1}, concatenate=True, run=run, arguments=arguments)
+    return partial.sum(axis=0, split_every=SPLIT_EVERY, dtype=dtype)
+
+
+def conv2d_backward_bias(run, check_algo, dy, *, algo="auto", device=None):
+    """:func:`convlib.conv2d_backward_bias` of a Dask ``dy`` (any chunks along N and K): convlib's
+    blocked sum per block, then a tree reduction."""
+    _required(dy=dy)
+    dy = _host("dy", dy)
+    algo = check_algo(algo)
+    dys, dyd = _shape_dtype("dy", dy)
+    problem = make_backward_bias_problem(dys, dyd)
+    _check_plan("conv2d_backward_bias", problem, device, algo, dy)
+    dy = _as_dask(dy)
+    dtype = np.dtype(problem.dtype)
+    partial = da.blockwise(_bias_block, "bk", dy, "bkpq", dtype=dtype, meta=_meta(dy, 2, dtype),
+                           adjust_chunks={"b": 1}, concatenate=True, run=run,
+                           arguments=dict(algo=algo, device=device))
+    return partial.sum(axis=0, split_every=SPLIT_EVERY, dtype=dtype)
+
+
+def conv_transpose2d(run, check_algo, x, w, bias=None, *, stride=1, padding=0, output_padding=0, groups=1,
+                     dilation=1, algo="auto", device=None):
+    """:func:`convlib.conv_transpose2d` of a batch-chunked Dask ``x``: chunked as ``x`` along N."""
+    algo = check_algo(algo)
+    _required(x=x, w=w)
+    x, w, bias = _host("x", x), _host("w", w), _host("bias", bias)
+    (xs, xd), (ws, wd) = _shape_dtype("x", x), _shape_dtype("w", w)
+    bs, bd = _shape_dtype("bias", bias) if bias is not None else (None, None)
+    problem = make_transpose_problem(xs, ws, bs, xd, wd, bd, stride=stride, padding=padding,
+                                     output_padding=output_padding, groups=groups, dilation=dilation)
+    _check_plan(problem.operation, problem, device, algo, x, w, bias)
+    x = _as_dask(x)
+    _only_chunks("x", x, (1, 2, 3), _BATCH_ONLY)
+    n, c, h, wd_ = problem.output_shape
+    dtype = np.dtype(problem.dtype)
+    arrays = [x, _as_dask(w, w.shape)] + ([_as_dask(bias, bias.shape)] if bias is not None else [])
+    arguments = dict(stride=stride, padding=padding, output_padding=output_padding, groups=groups,
+                     dilation=dilation, algo=algo, device=device)
+    return da.map_blocks(_transpose_block, *arrays, dtype=dtype, meta=_meta(x, 4, dtype),
+                         chunks=(x.chunks[0], (c,), (h,), (wd_,)), run=run, arguments=arguments)
+
+
+def _transpose_block(xb, wb, bb=None, *, run, arguments):
+    with task_threads():
+        return run(xb, wb, bb, **arguments)

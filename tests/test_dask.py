@@ -1,0 +1,215 @@
+"""convlib on Dask arrays (convlib.dask): every lazy result equals the in-memory result of the same
+numpy array (the in-memory path is checked against the reference elsewhere), on a real
+``distributed`` cluster with worker processes and on the threaded scheduler.
+
+One module-scoped ``LocalCluster`` (2 worker processes, 1 dask thread and 1 numba thread each)
+serves every distributed test: starting one and compiling the kernels in its workers is most of
+this module's time. Shapes are small and ``algo="direct"`` so the workers compile few kernels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array")
+distributed = pytest.importorskip("distributed")
+
+import convlib  # noqa: E402
+from convlib.dask import ChunkPlan, chunk_plan  # noqa: E402
+
+TOL = {"float32": dict(rtol=1e-5, atol=1e-5), "float64": dict(rtol=1e-12, atol=1e-12)}
+
+
+@pytest.fixture(scope="module")
+def client():
+    # NUMBA_NUM_THREADS: each worker's share of the host's cores (distributed does not set it).
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  env={"NUMBA_NUM_THREADS": "1", "CONVLIB_PROFILE": "off"},
+                                  silence_logs=40) as cluster, distributed.Client(cluster) as client:
+        yield client
+
+
+def _data(rng, x_shape, w_shape, dtype, bias=True):
+    x = rng.standard_normal(x_shape).astype(dtype)
+    w = rng.standard_normal(w_shape).astype(dtype)
+    b = rng.standard_normal(w_shape[0]).astype(dtype) if bias else None
+    return x, w, b
+
+
+# (name, x shape, x chunks, w shape, arguments): batch, spatial and channel chunks with stride,
+# dilation, padding ("same" too), groups, odd chunk sizes and a last chunk too small to stand alone.
+FORWARD_CASES = [
+    ("batch", (5, 3, 12, 11), (2, -1, -1, -1), (4, 3, 3, 3), dict(padding=1)),
+    ("spatial-stride2", (2, 3, 21, 19), (1, -1, 6, 7), (4, 3, 3, 3), dict(stride=2, padding=1)),
+    ("spatial-dilated-same", (2, 2, 17, 18), (2, -1, 5, 7), (3, 2, 3, 3), dict(padding="same", dilation=2)),
+    ("spatial-odd-stride3", (1, 2, 23, 20), (1, -1, (9, 7, 5, 2), (6, 6, 6, 2)), (2, 2, 4, 3),
+     dict(stride=3, padding=(1, 2, 0, 1))),
+    ("channels", (2, 8, 13, 12), (1, 3, -1, 5), (4, 8, 3, 3), dict(padding=1, stride=(1, 2))),
+    ("groups", (2, 8, 14, 13), (2, 4, 6, -1), (6, 4, 3, 3), dict(groups=2, padding="same")),
+    ("depthwise-mixed-groups", (2, 6, 11, 11), (1, (2, 4), 4, 4), (6, 1, 3, 3), dict(groups=6, padding=1,
+                                                                                      dilation=(1, 2))),
+]
+
+
+def _forward(rng, dtype, x_shape, chunks, w_shape, arguments, w_chunks=None):
+    x, w, b = _data(rng, x_shape, w_shape, dtype)
+    expected = convlib.conv2d(x, w, b, algo="direct", **arguments)
+    dw = w if w_chunks is None else da.from_array(w, chunks=w_chunks)
+    y = convlib.conv2d(da.from_array(x, chunks=chunks), dw, b, algo="direct", **arguments)
+    assert isinstance(y, da.Array) and y.shape == expected.shape and y.dtype == expected.dtype
+    return y, expected
+
+
+@pytest.mark.parametrize("name, x_shape, chunks, w_shape, arguments", FORWARD_CASES, ids=[c[0] for c in FORWARD_CASES])
+def test_forward_on_a_cluster(client, rng, name, x_shape, chunks, w_shape, arguments):
+    for dtype in ("float64", "float32"):
+        y, expected = _forward(rng, dtype, x_shape, chunks, w_shape, arguments)
+        got = client.compute(y).result()
+        assert isinstance(got, np.ndarray) and got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, **TOL[dtype])
+
+
+def test_filters_chunked_along_k_on_a_cluster(client, rng):
+    y, expected = _forward(rng, "float64", (2, 4, 10, 9), (1, 2, 5, -1), (6, 4, 3, 3), dict(padding=1),
+                           w_chunks=(4, -1, -1, -1))
+    assert y.chunks[1] == (4, 2)
+    np.testing.assert_allclose(client.compute(y).result(), expected, **TOL["float64"])
+
+
+def test_backward_passes_on_a_cluster(client, rng):
+    arguments = dict(stride=2, padding=1, groups=2)
+    x, w, b = _data(rng, (5, 4, 11, 10), (6, 2, 3, 3), "float64")
+    dy = rng.standard_normal(convlib.conv2d(x, w, **arguments).shape)
+    x_d, dy_d = da.from_array(x, chunks=(2, -1, -1, -1)), da.from_array(dy, chunks=(3, -1, -1, -1))
+    lazy = {
+        "data": (convlib.conv2d_backward_data(dy_d, w, x.shape, algo="direct", **arguments),
+                 convlib.conv2d_backward_data(dy, w, x.shape, algo="direct", **arguments)),
+        "weight": (convlib.conv2d_backward_weight(x_d, dy_d, w.shape, algo="direct", **arguments),
+                   convlib.conv2d_backward_weight(x, dy, w.shape, algo="direct", **arguments)),
+        "bias": (convlib.conv2d_backward_bias(da.from_array(dy, chunks=(2, 4, -1, -1))),
+                 convlib.conv2d_backward_bias(dy)),
+        "transpose": (convlib.conv_transpose2d(x_d, w[:4], b[:4], output_padding=1, algo="direct", **arguments),
+                      convlib.conv_transpose2d(x, w[:4], b[:4], output_padding=1, algo="direct", **arguments)),
+    }
+    results = client.compute({k: v[0] for k, v in lazy.items()}, sync=True)
+    for name, (y, expected) in lazy.items():
+        assert y.shape == expected.shape, name
+        np.testing.assert_allclose(results[name], expected, **TOL["float64"], err_msg=name)
+
+
+def test_zarr_round_trip_on_a_cluster(client, rng, tmp_path):
+    zarr = pytest.importorskip("zarr")
+    x, w, b = _data(rng, (3, 2, 30, 28), (3, 2, 3, 3), "float32")
+    da.from_array(x, chunks=(1, 2, 10, 14)).to_zarr(str(tmp_path / "x.zarr"))
+    y = convlib.conv2d(da.from_zarr(str(tmp_path / "x.zarr")), w, b, padding="same", algo="direct")
+    y.to_zarr(str(tmp_path / "y.zarr"))  # computes on the cluster: the client is the default scheduler
+    got = zarr.open(str(tmp_path / "y.zarr"), mode="r")[...]
+    np.testing.assert_allclose(got, convlib.conv2d(x, w, b, padding="same", algo="direct"), **TOL["float32"])
+
+
+def test_worker_numba_threads(client):
+    """Each task runs with NUMBA_NUM_THREADS // dask threads of its worker numba threads, on a
+    thread-safe layer."""
+    from convlib.dask import task_threads
+
+    def probe():
+        import numba
+
+        with task_threads():
+            return numba.get_num_threads(), numba.config.NUMBA_NUM_THREADS
+
+    assert client.submit(probe, pure=False).result() == (1, 1)
+
+
+# -- the threaded scheduler -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, x_shape, chunks, w_shape, arguments", FORWARD_CASES[1::2], ids=[c[0] for c in FORWARD_CASES[1::2]])
+def test_forward_threaded_scheduler(rng, name, x_shape, chunks, w_shape, arguments):
+    y, expected = _forward(rng, "float64", x_shape, chunks, w_shape, arguments)
+    np.testing.assert_allclose(y.compute(scheduler="threads"), expected, **TOL["float64"])
+
+
+def test_backward_weight_tree_reduction_threaded(rng):
+    x = rng.standard_normal((20, 3, 9, 9))
+    dy = rng.standard_normal((20, 4, 9, 9))
+    dw = convlib.conv2d_backward_weight(da.from_array(x, chunks=(1, -1, -1, -1)), da.from_array(dy, chunks=(1, -1, -1, -1)),
+                                        (4, 3, 3, 3), padding=1, algo="direct")
+    # 20 partial sums reduced 8 at a time: a tree of depth 2, not one task holding all 20.
+    assert len(dw.dask.layers) >= 3
+    np.testing.assert_allclose(dw.compute(scheduler="threads"),
+                               convlib.conv2d_backward_weight(x, dy, (4, 3, 3, 3), padding=1, algo="direct"),
+                               **TOL["float64"])
+
+
+# -- laziness, plans and errors ---------------------------------------------------------------------
+
+def _explodes(block):
+    raise AssertionError("computed")
+
+
+def test_result_is_lazy_with_shape_dtype_chunks_and_meta():
+    x = da.zeros((4, 3, 20, 20), chunks=(2, 3, 10, 10), dtype="float32").map_blocks(_explodes, dtype="float32")
+    y = convlib.conv2d(x, np.ones((5, 3, 3, 3), np.float32), stride=2, padding=1)
+    assert y.shape == (4, 5, 10, 10) and y.dtype == np.float32
+    assert y.chunks == ((2, 2), (5,), (5, 5), (5, 5))
+    assert type(y._meta) is np.ndarray and y._meta.ndim == 4 and y._meta.dtype == np.float32
+
+
+def test_chunk_plan_is_a_value_that_describes_itself():
+    problem = convlib.build_problem(np.empty((80, 4, 64, 64), np.float32), np.empty((4, 4, 3, 3), np.float32),
+                                    padding=1)
+    plan = chunk_plan(problem, ((40, 40), (4,), (32, 32), (64,)))
+    assert isinstance(plan, ChunkPlan) and plan == chunk_plan(problem, ((40, 40), (4,), (32, 32), (64,)))
+    assert plan.h.input_chunks == (32, 34) and plan.h.halo == 2 and plan.output_chunks[2] == (32, 32)
+    assert plan.reads(0, 0) == ((0, 1), (0,)) and plan.reads(1, 0) == ((1,), (0,))
+    text = plan.describe()
+    assert "halo 2" in text and "tasks" in text and str(plan) == text
+
+
+def test_a_chunk_smaller_than_the_halo_is_named():
+    x = da.zeros((1, 1, 30, 30), chunks=(1, 1, (12, 3, 15), 30))
+    with pytest.raises(ValueError, match=r"chunk 1 along H .* 3 rows, fewer than the halo of 4 rows"):
+        convlib.conv2d(x, np.zeros((1, 1, 5, 5)))
+
+
+def test_a_last_chunk_too_small_for_the_filter_joins_its_predecessor(rng):
+    x = rng.standard_normal((1, 1, 22, 9))
+    w = rng.standard_normal((1, 1, 5, 5))
+    y = convlib.conv2d(da.from_array(x, chunks=(1, 1, (10, 10, 2), 9)), w)
+    assert y.chunks[2] == (10, 8)
+    np.testing.assert_allclose(y.compute(scheduler="sync"), convlib.conv2d(x, w), **TOL["float64"])
+
+
+def test_c_chunks_must_hold_whole_groups():
+    with pytest.raises(ValueError, match=r"chunk 0 along C has 3 channels: with groups=2 .* multiple of .* 4"):
+        convlib.conv2d(da.zeros((1, 8, 8, 8), chunks=(1, 3, 8, 8)), np.zeros((4, 4, 3, 3)), groups=2)
+
+
+def test_unsupported_chunking_of_a_backward_pass_says_what_is_supported():
+    with pytest.raises(NotImplementedError, match="chunks along N .* only"):
+        convlib.conv2d_backward_data(da.zeros((2, 4, 8, 8), chunks=(1, 4, 4, 8)), np.zeros((4, 3, 3, 3)),
+                                     (2, 3, 10, 10))
+
+
+@pytest.mark.parametrize("arguments", [
+    dict(stride=0), dict(padding="same", stride=2), dict(groups=3), dict(algo="fastest"),
+    dict(algo="winograd", stride=2), dict(dilation=(1, 0)), dict(padding=(1, 2, 3)),
+])
+def test_errors_are_those_of_numpy_input(arguments):
+    x, w = np.zeros((2, 4, 9, 9)), np.zeros((4, 4, 3, 3))
+    with pytest.raises(Exception) as from_numpy:
+        convlib.conv2d(x, w, **arguments)
+    with pytest.raises(type(from_numpy.value)) as from_dask:
+        convlib.conv2d(da.from_array(x, chunks=1), w, **arguments)
+    assert str(from_dask.value) == str(from_numpy.value)
+    assert type(from_dask.value) is type(from_numpy.value)
+
+
+def test_dtype_and_shape_errors_name_the_argument():
+    w = np.zeros((4, 4, 3, 3))
+    for bad_x in (da.zeros((2, 4, 9, 9), dtype=np.int32), da.zeros((4, 9, 9))):
+        with pytest.raises(Exception) as from_numpy:
+            convlib.conv2d(bad_x.compute(), w)
+        with pytest.raises(type(from_numpy.value), match=str(from_numpy.value).replace("(", r"\(").replace(")", r"\)")):
+            convlib.conv2d(bad_x, w)
