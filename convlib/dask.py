@@ -44,7 +44,7 @@ from .core.problem import (
 from .dispatch.devices import host_array
 from .dispatch.plan import make_plan
 
-__all__ = ["ChunkPlan", "chunk_plan", "is_dask_array", "task_threads", "conv2d", "conv2d_backward_data",
+__all__ = ["ChunkPlan", "chunk_plan", "forward_plan", "is_dask_array", "task_threads", "conv2d", "conv2d_backward_data",
            "conv2d_backward_weight", "conv2d_backward_bias", "conv_transpose2d"]
 
 #: How many partial sums one task of the tree reduction adds (dask's default is 4 for sums;
@@ -348,6 +348,28 @@ def _forward_block(xb, wb, bb=None, *, run, partial, groups, arguments):
     return y[None] if partial else y
 
 
+def forward_plan(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1) -> ChunkPlan:
+    """The :class:`ChunkPlan` that :func:`convlib.conv2d` follows for the Dask array ``x`` (only
+    shapes, dtypes and chunks are read; nothing is computed).
+
+    Parameters
+    ----------
+    x : dask.array.Array, shape (N, C, H, W)
+    w, bias, stride, padding, dilation, groups
+        As in :func:`convlib.conv2d` (``w`` a numpy or Dask array).
+
+    Returns
+    -------
+    ChunkPlan
+    """
+    _required(x=x, w=w)
+    w, bias = _host("w", w), _host("bias", bias)
+    (xs, xd), (ws, wd) = _shape_dtype("x", x), _shape_dtype("w", w)
+    bs, bd = _shape_dtype("bias", bias) if bias is not None else (None, None)
+    problem = make_problem(xs, ws, bs, xd, wd, bd, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return chunk_plan(problem, x.chunks, w.chunks[0] if is_dask_array(w) and groups == 1 else None)
+
+
 def conv2d(run, check_algo, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="auto",
            device=None):
     """:func:`convlib.conv2d` of a Dask array: a lazy Dask array of chunks :attr:`ChunkPlan.output_chunks`.
@@ -373,8 +395,11 @@ def _run_forward(run, plan: ChunkPlan, x, w, bias, *, algo, device):
     if any(p.padding):
         x = da.pad(x, ((0, 0), (0, 0), plan.h.pad, plan.w.pad), mode="constant")
     x = x.rechunk(plan.input_chunks)
-    if plan.h.halo or plan.w.halo:
-        x = overlap(x, depth={0: 0, 1: 0, 2: (0, plan.h.halo), 3: (0, plan.w.halo)},
+    # The halo is a copy of each block with its neighbour's rows: only along axes cut in chunks.
+    depth_h = plan.h.halo if len(plan.h.input_chunks) > 1 else 0
+    depth_w = plan.w.halo if len(plan.w.input_chunks) > 1 else 0
+    if depth_h or depth_w:
+        x = overlap(x, depth={0: 0, 1: 0, 2: (0, depth_h), 3: (0, depth_w)},
                     boundary={0: "none", 1: "none", 2: "none", 3: "none"}, allow_rechunk=False)
     arguments = dict(stride=p.stride, dilation=p.dilation, algo=algo, device=device)
     adjust = {"y": plan.h.output_chunks, "x": plan.w.output_chunks}

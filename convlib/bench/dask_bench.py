@@ -8,8 +8,9 @@ The seed batch sweep's largest case (N=80, C=K=4, 1024x1024, 3x3, float32) runs
   ``--threads // --workers`` numba threads each), the result kept on the workers (``persist``,
   then wait): scheduling, the tasks and the workers' memory, not the transfer to the client.
 
-Both are timed by :func:`convlib.core.timing.time_interleaved` (first call, warm-up, interleaved
-repeats, medians). The report: each median, the Dask path's overhead over the in-process time,
+Both are timed in :func:`convlib.core.timing.time_interleaved`'s order (first call, warm-up,
+interleaved repeats, medians), each Dask call after the previous result was forgotten by the
+cluster (untimed): an identical graph has the same keys, and a result still held would be reused. The report: each median, the Dask path's overhead over the in-process time,
 the compulsory traffic per second (``ConvProblem.bytes_moved``) and the chunk plan.
 
 Example (on a shared machine, under the benchmark lock)::
@@ -20,6 +21,7 @@ Example (on a shared machine, under the benchmark lock)::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -27,8 +29,41 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.timing import Timing
+
 #: The seed batch sweep's N=80 case.
 SEED_SHAPE = (80, 4, 1024, 1024, 4, 3, 3)
+
+
+def _task_count(dask_scheduler) -> int:
+    return len(dask_scheduler.tasks)
+
+
+def _interleaved(calls, repeats: int, warmup: int) -> dict:
+    """:func:`convlib.core.timing.time_interleaved`'s order (first call, warm-up, round-robin repeats
+    starting one candidate later each round, medians) with an untimed step before each call."""
+    timings = {name: Timing() for name in calls}
+    for name, (call, before) in calls.items():
+        for i in range(1 + warmup):
+            before()
+            t0 = time.perf_counter()
+            call()
+            elapsed = time.perf_counter() - t0
+            if i == 0:
+                timings[name].first_s = elapsed
+            else:
+                timings[name].warmup_s.append(elapsed)
+    names = list(calls)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            call, before = calls[name]
+            before()
+            gc.collect()
+            time.sleep(0.2)
+            t0 = time.perf_counter()
+            call()
+            timings[name].times_s.append(time.perf_counter() - t0)
+    return timings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,8 +89,7 @@ def main(argv=None) -> int:
 
     import convlib
     from ..core.problem import ConvProblem
-    from ..core.timing import time_interleaved
-    from ..dask import chunk_plan
+    from ..dask import forward_plan
 
     n, c, h, w_, k, r, s = (int(v) for v in args.shape.split(","))
     problem = ConvProblem(n, c, h, w_, k, r, s, dtype=args.dtype)
@@ -78,20 +112,29 @@ def main(argv=None) -> int:
         x_dask = da.empty(problem.x_shape, dtype=args.dtype, chunks=chunks).map_blocks(block, dtype=args.dtype)
         x_dask = client.persist(x_dask)
         distributed.wait(x_dask)
-        plan = chunk_plan(problem, x_dask.chunks)
+        plan = forward_plan(x_dask, w)
+        baseline = client.run_on_scheduler(_task_count)
+
+        def release():
+            # Results of an identical graph would be found in the workers' memory (the keys are
+            # deterministic): forget them first, untimed.
+            held.clear()
+            while client.run_on_scheduler(_task_count) > baseline:
+                time.sleep(0.01)
+
         held = {}
 
         def on_dask():
             y = client.persist(convlib.conv2d(x_dask, w, algo=args.algo))
             distributed.wait(y)
-            held["y"] = y  # dropped by the next call, so one result at a time stays on the workers
+            held["y"] = y
 
         def in_process():
             return convlib.conv2d(x, w, algo=args.algo)
 
         started = time.perf_counter()
-        timings = time_interleaved({"in-process": in_process, "dask": on_dask}, repeats=args.repeats,
-                                   warmup=args.warmup, gap_s=0.2)
+        timings = _interleaved({"in-process": (in_process, lambda: None), "dask": (on_dask, release)},
+                               repeats=args.repeats, warmup=args.warmup)
         check = convlib.conv2d(x_dask[:1], w, algo=args.algo).compute()
         expected = convlib.conv2d(np.asarray(x_dask[:1].compute()), w, algo=args.algo)
         np.testing.assert_allclose(check, expected, rtol=1e-5, atol=1e-5)
