@@ -230,7 +230,7 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     if (dask_arrays := _dask(dy, w)) is not None:
         return dask_arrays.conv2d_backward_data(conv2d_backward_data, check_algo, dy, w, x_shape, stride=stride,
                                                 padding=padding, dilation=dilation, groups=groups, algo=algo,
-                                                device=device)
+                                                device=device, forward=conv2d)
     like = dy
     _required(dy=dy, w=w)
     dy, w = _arrays(dy=dy, w=w)
@@ -359,7 +359,7 @@ def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, 
     if (dask_arrays := _dask(x, w, bias)) is not None:
         return dask_arrays.conv_transpose2d(conv_transpose2d, check_algo, x, w, bias, stride=stride, padding=padding,
                                             output_padding=output_padding, groups=groups, dilation=dilation,
-                                            algo=algo, device=device)
+                                            algo=algo, device=device, forward=conv2d)
     algo = check_algo(algo)
     _required(x=x, w=w)
     like = x

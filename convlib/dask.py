@@ -459,12 +459,61 @@ def _bias_block(dyb, *, run, arguments):
 
 
 _BATCH_ONLY = "supported are chunks along N (the batch) only: rechunk the other axes to one chunk"
+_STRIDE_ONE = ("supported are chunks along N (the batch), and along {channels}, H and W at stride 1 when the "
+               "padding is at most dilation*(R-1) on each side: rechunk the other axes to one chunk")
+
+
+def _data_pass_as_forward(problem: ConvProblem, in_h: int, in_w: int):
+    """The padding ``(top, bottom, left, right)`` of the stride-1 forward convolution that computes
+    ``problem``'s data pass from an input of ``in_h x in_w`` (``dy``, or ``conv_transpose2d``'s
+    ``x``), or None when there is none (a stride above 1, or a padding past the filter's reach).
+
+    At stride 1, ``dx = conv2d(dy, w flipped in R and S with K and C/groups swapped per group,
+    padding dilation*(R-1) - padding)``: the identity the Winograd data pass uses. The bottom and
+    right sides take what ``conv_transpose2d``'s ``output_padding`` adds."""
+    if problem.stride != (1, 1):
+        return None
+    reach_h, reach_w = problem.dilation[0] * (problem.R - 1), problem.dilation[1] * (problem.S - 1)
+    top, left = reach_h - problem.padding[0], reach_w - problem.padding[2]
+    bottom, right = problem.H + reach_h - in_h - top, problem.W + reach_w - in_w - left
+    pad = (top, bottom, left, right)
+    return pad if min(pad) >= 0 else None
+
+
+def _flipped_transposed(w, groups: int):
+    """``w`` (K, C/groups, R, S) as the filters (C, K/groups, R, S) of the data pass's forward form."""
+    k, c_per_group, r, s = w.shape
+    wt = w.reshape(groups, k // groups, c_per_group, r, s).transpose(0, 2, 1, 3, 4)
+    wt = wt.reshape(groups * c_per_group, k // groups, r, s)[:, :, ::-1, ::-1]
+    return wt if is_dask_array(wt) else np.ascontiguousarray(wt)
+
+
+def _forward_form(forward, problem, arr, w, bias, *, name, channels, algo, device):
+    """The data pass of ``problem`` on the chunked ``arr`` as a forward convolution (stride 1), with
+    the forward chunk plan; ``NotImplementedError`` when there is no such form."""
+    pad = _data_pass_as_forward(problem, arr.shape[2], arr.shape[3])
+    if pad is None:
+        chunked = [axis for axis in (1, 2, 3) if len(arr.chunks[axis]) > 1]
+        raise NotImplementedError(f"{name} is chunked along axis {chunked[0]} ({arr.chunks[chunked[0]]}) at stride "
+                                  f"{problem.stride} and padding {problem.padding}; " + _STRIDE_ONE.format(channels=channels))
+    wt = _flipped_transposed(w, problem.groups)
+    fproblem = make_problem(tuple(arr.shape), tuple(wt.shape), None if bias is None else tuple(bias.shape),
+                            arr.dtype, wt.dtype, None if bias is None else bias.dtype, padding=pad,
+                            dilation=problem.dilation, groups=problem.groups)
+    _check_plan("conv2d", fproblem, device, algo, arr, wt, bias)
+    plan = chunk_plan(fproblem, arr.chunks)
+    return _run_forward(forward, plan, arr, wt, bias, algo=algo, device=device)
 
 
 def conv2d_backward_data(run, check_algo, dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
-                         algo="auto", device=None):
-    """:func:`convlib.conv2d_backward_data` of a batch-chunked Dask ``dy``: ``dx`` chunked as ``dy``
-    along N, one chunk along C, H and W."""
+                         algo="auto", device=None, forward=None):
+    """:func:`convlib.conv2d_backward_data` of a Dask ``dy``.
+
+    Chunks along N only: every block runs ``run`` (the in-memory data pass); ``dx`` is chunked as
+    ``dy`` along N, one chunk along C, H and W. Chunks along K, H or W (stride 1, padding at most
+    ``dilation*(R-1)``): the forward form (:func:`_data_pass_as_forward`) run by ``forward`` (the
+    in-memory :func:`convlib.conv2d`) under the forward chunk plan, K chunks giving partial sums.
+    """
     _required(dy=dy, w=w)
     dy, w = _host("dy", dy), _host("w", w)
     algo = check_algo(algo)
@@ -473,7 +522,8 @@ def conv2d_backward_data(run, check_algo, dy, w, x_shape, *, stride=1, padding=0
                                          dilation=dilation, groups=groups)
     _check_plan("conv2d_backward_data", problem, device, algo, dy, w)
     dy = _as_dask(dy)
-    _only_chunks("dy", dy, (1, 2, 3), _BATCH_ONLY)
+    if any(len(dy.chunks[axis]) > 1 for axis in (1, 2, 3)):
+        return _forward_form(forward, problem, dy, w, None, name="dy", channels="K", algo=algo, device=device)
     w = _as_dask(w, w.shape)
     p = problem
     dtype = np.dtype(p.dtype)
@@ -531,8 +581,10 @@ def conv2d_backward_bias(run, check_algo, dy, *, algo="auto", device=None):
 
 
 def conv_transpose2d(run, check_algo, x, w, bias=None, *, stride=1, padding=0, output_padding=0, groups=1,
-                     dilation=1, algo="auto", device=None):
-    """:func:`convlib.conv_transpose2d` of a batch-chunked Dask ``x``: chunked as ``x`` along N."""
+                     dilation=1, algo="auto", device=None, forward=None):
+    """:func:`convlib.conv_transpose2d` of a Dask ``x``: chunks along N as for
+    :func:`conv2d_backward_data` (each block runs ``run``); chunks along C_in, H or W at stride 1
+    through the forward form, run by ``forward`` (the bias added once, after the partial sums)."""
     algo = check_algo(algo)
     _required(x=x, w=w)
     x, w, bias = _host("x", x), _host("w", w), _host("bias", bias)
@@ -542,7 +594,8 @@ def conv_transpose2d(run, check_algo, x, w, bias=None, *, stride=1, padding=0, o
                                      output_padding=output_padding, groups=groups, dilation=dilation)
     _check_plan(problem.operation, problem, device, algo, x, w, bias)
     x = _as_dask(x)
-    _only_chunks("x", x, (1, 2, 3), _BATCH_ONLY)
+    if any(len(x.chunks[axis]) > 1 for axis in (1, 2, 3)):
+        return _forward_form(forward, problem, x, w, bias, name="x", channels="C_in", algo=algo, device=device)
     n, c, h, wd_ = problem.output_shape
     dtype = np.dtype(problem.dtype)
     arrays = [x, _as_dask(w, w.shape)] + ([_as_dask(bias, bias.shape)] if bias is not None else [])

@@ -92,6 +92,11 @@ def test_backward_passes_on_a_cluster(client, rng):
         "transpose": (convlib.conv_transpose2d(x_d, w[:4], b[:4], output_padding=1, algo="direct", **arguments),
                       convlib.conv_transpose2d(x, w[:4], b[:4], output_padding=1, algo="direct", **arguments)),
     }
+    spatial = dict(padding=1, groups=2)  # stride 1: dy chunked along K, H and W, as a forward convolution
+    dy1 = convlib.conv2d(x, w, **spatial)
+    lazy["data-spatial"] = (
+        convlib.conv2d_backward_data(da.from_array(dy1, chunks=(2, 3, 4, 6)), w, x.shape, algo="direct", **spatial),
+        convlib.conv2d_backward_data(dy1, w, x.shape, algo="direct", **spatial))
     results = client.compute({k: v[0] for k, v in lazy.items()}, sync=True)
     for name, (y, expected) in lazy.items():
         assert y.shape == expected.shape, name
@@ -188,8 +193,40 @@ def test_c_chunks_must_hold_whole_groups():
 
 def test_unsupported_chunking_of_a_backward_pass_says_what_is_supported():
     with pytest.raises(NotImplementedError, match="chunks along N .* only"):
-        convlib.conv2d_backward_data(da.zeros((2, 4, 8, 8), chunks=(1, 4, 4, 8)), np.zeros((4, 3, 3, 3)),
-                                     (2, 3, 10, 10))
+        convlib.conv2d_backward_weight(da.zeros((2, 3, 10, 10), chunks=(1, 3, 5, 10)), da.zeros((2, 4, 8, 8)),
+                                       (4, 3, 3, 3))
+    with pytest.raises(NotImplementedError, match=r"at stride \(2, 2\).*along K, H and W at stride 1"):
+        convlib.conv2d_backward_data(da.zeros((2, 4, 5, 5), chunks=(1, 4, 3, 5)), np.zeros((4, 3, 3, 3)),
+                                     (2, 3, 11, 11), stride=2)
+
+
+# (padding, dilation, groups, filter size, chunks of dy / of conv_transpose2d's x): stride 1.
+SPATIAL_DATA_PASS_CASES = [
+    (1, 1, 2, 3, (1, 4, (7, 6, 4), 5)),
+    ("same", 2, 1, 3, (2, 3, 6, 6)),
+    ((1, 0, 2, 1), 1, 4, 4, (2, 4, 5, 7)),
+]
+
+
+@pytest.mark.parametrize("padding, dilation, groups, taps, chunks", SPATIAL_DATA_PASS_CASES)
+def test_data_pass_and_transpose_chunked_along_channels_and_space(rng, padding, dilation, groups, taps, chunks):
+    x = rng.standard_normal((3, 8, 17, 15))
+    w = rng.standard_normal((8, 8 // groups, taps, taps))
+    dy = convlib.conv2d(x, w, padding=padding, dilation=dilation, groups=groups, algo="direct")
+    arguments = dict(padding=padding, dilation=dilation, groups=groups, algo="direct")
+    dx = convlib.conv2d_backward_data(da.from_array(dy, chunks=chunks), w, x.shape, **arguments)
+    # K chunks of whole groups give C chunks of dx; with groups=1 they are partial sums
+    assert dx.chunks[1] == ((8,) if groups == 1 else (4, 4))
+    np.testing.assert_allclose(dx.compute(scheduler="threads"), convlib.conv2d_backward_data(dy, w, x.shape, **arguments),
+                               **TOL["float64"])
+    transpose_padding = 1 if padding == "same" else padding
+    bias = rng.standard_normal(8)
+    for output_padding in (0, 1) if dilation > 1 else (0,):
+        arguments = dict(padding=transpose_padding, dilation=dilation, groups=groups, output_padding=output_padding,
+                         algo="direct")
+        y = convlib.conv_transpose2d(da.from_array(dy, chunks=chunks), w, bias, **arguments)
+        np.testing.assert_allclose(y.compute(scheduler="threads"), convlib.conv_transpose2d(dy, w, bias, **arguments),
+                                   **TOL["float64"])
 
 
 @pytest.mark.parametrize("arguments", [
