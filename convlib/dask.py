@@ -389,10 +389,10 @@ def conv2d(run, check_algo, x, w, bias=None, *, stride=1, padding=0, dilation=1,
     return _run_forward(run, plan, x, w, bias, algo=algo, device=device)
 
 
-def _run_forward(run, plan: ChunkPlan, x, w, bias, *, algo, device):
-    p = plan.problem
-    dtype = np.dtype(p.dtype)
-    if any(p.padding):
+def _blocks_with_halo(x, plan: ChunkPlan):
+    """``x`` padded once, cut at the plan's stride-aligned boundaries, each block with its halo:
+    block ``(i, j)`` is everything output block ``(i, j)`` reads, convolved with no padding."""
+    if any(plan.problem.padding):
         x = da.pad(x, ((0, 0), (0, 0), plan.h.pad, plan.w.pad), mode="constant")
     x = x.rechunk(plan.input_chunks)
     # The halo is a copy of each block with its neighbour's rows: only along axes cut in chunks.
@@ -401,6 +401,13 @@ def _run_forward(run, plan: ChunkPlan, x, w, bias, *, algo, device):
     if depth_h or depth_w:
         x = overlap(x, depth={0: 0, 1: 0, 2: (0, depth_h), 3: (0, depth_w)},
                     boundary={0: "none", 1: "none", 2: "none", 3: "none"}, allow_rechunk=False)
+    return x
+
+
+def _run_forward(run, plan: ChunkPlan, x, w, bias, *, algo, device):
+    p = plan.problem
+    dtype = np.dtype(p.dtype)
+    x = _blocks_with_halo(x, plan)
     arguments = dict(stride=p.stride, dilation=p.dilation, algo=algo, device=device)
     adjust = {"y": plan.h.output_chunks, "x": plan.w.output_chunks}
     if p.groups == 1:
@@ -427,30 +434,22 @@ def _run_forward(run, plan: ChunkPlan, x, w, bias, *, algo, device):
     blocks = [x, "nkyx", w, "kcrs"]
     if bias is not None:
         blocks += [_as_dask(bias, (plan.filter_chunks,)), "k"]
-    out = None
-    groups_per_chunk = {c // (p.C // p.groups) for c in plan.channel_chunks}
-    if len(groups_per_chunk) > 1:
-        # Blocks with different group counts: one blockwise per distinct count would split the
-        # graph; instead each block infers its groups from its own shape.
-        groups_arg = None
-    else:
-        groups_arg = groups_per_chunk.pop()
-    out = da.blockwise(_grouped_block, "nkyx", *blocks, dtype=dtype, meta=_meta(x, 4, dtype),
-                       adjust_chunks={"k": plan.filter_chunks, **adjust}, align_arrays=False, concatenate=True,
-                       run=run, groups=groups_arg, per_group=p.C // p.groups, arguments=arguments)
-    return out
+    # Each block takes its group count from its own channels: chunks may hold different counts.
+    return da.blockwise(_grouped_block, "nkyx", *blocks, dtype=dtype, meta=_meta(x, 4, dtype),
+                        adjust_chunks={"k": plan.filter_chunks, **adjust}, align_arrays=False, concatenate=True,
+                        run=run, per_group=p.C // p.groups, arguments=arguments)
 
 
-def _grouped_block(xb, wb, bb=None, *, run, groups, per_group, arguments):
+def _grouped_block(xb, wb, bb=None, *, run, per_group, arguments):
     with task_threads():
-        return run(xb, wb, bb, padding=0, groups=groups or xb.shape[1] // per_group, **arguments)
+        return run(xb, wb, bb, padding=0, groups=xb.shape[1] // per_group, **arguments)
 
 
 # -- the backward passes and the transposed convolution --------------------------------------------
 
 def _weight_block(xb, dyb, *, run, arguments):
     with task_threads():
-        return run(xb, dyb, **arguments)[None]
+        return run(xb, dyb, padding=0, **arguments)[None, None, None]
 
 
 def _bias_block(dyb, *, run, arguments):
@@ -540,8 +539,14 @@ def _batch_block_shape(dyb, wb, *, run, x_shape, arguments):
 
 def conv2d_backward_weight(run, check_algo, x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
                            algo="auto", device=None):
-    """:func:`convlib.conv2d_backward_weight` of batch-chunked Dask ``x`` and ``dy``: one ``dw`` per
-    batch chunk, added by a tree reduction; a Dask array of one chunk."""
+    """:func:`convlib.conv2d_backward_weight` of a Dask ``x`` chunked along N, H and W (one chunk
+    along C): a Dask array ``dw`` of one chunk.
+
+    ``x`` is cut by the forward chunk plan (padding once, stride-aligned blocks with their halo)
+    and ``dy`` is rechunked to that plan's output chunks (its K axis to one chunk); each pair of
+    blocks gives a partial ``dw`` (the in-memory weight pass with no padding), and the partial
+    sums meet in a tree reduction.
+    """
     _required(x=x, dy=dy)
     x, dy = _host("x", x), _host("dy", dy)
     algo = check_algo(algo)
@@ -550,17 +555,18 @@ def conv2d_backward_weight(run, check_algo, x, dy, w_shape, *, stride=1, padding
                                            dilation=dilation, groups=groups)
     _check_plan("conv2d_backward_weight", problem, device, algo, x, dy)
     x = _as_dask(x)
-    _only_chunks("x", x, (1, 2, 3), _BATCH_ONLY)
-    # dy follows x's batch chunks: a rechunk of the batch axis alone moves whole images.
-    dy = _as_dask(dy, (x.chunks[0], dys[1], dys[2], dys[3]))
+    _only_chunks("x", x, (1,), "supported are chunks along N, H and W: rechunk C to one chunk")
+    plan = chunk_plan(problem.forward, x.chunks)
+    dy = _as_dask(dy, (plan.batch_chunks, (problem.K,), plan.h.output_chunks, plan.w.output_chunks))
     p = problem
     dtype = np.dtype(p.dtype)
-    arguments = dict(w_shape=p.w_shape, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                     algo=algo, device=device)
-    partial = da.blockwise(_weight_block, "bkcrs", x, "bzhw", dy, "bypq", dtype=dtype,
-                           meta=_meta(x, 5, dtype), new_axes={"k": p.K, "c": p.C // p.groups, "r": p.R, "s": p.S},
-                           adjust_chunks={"b": 1}, concatenate=True, run=run, arguments=arguments)
-    return partial.sum(axis=0, split_every=SPLIT_EVERY, dtype=dtype)
+    arguments = dict(w_shape=p.w_shape, stride=p.stride, dilation=p.dilation, groups=groups, algo=algo,
+                     device=device)
+    partial = da.blockwise(_weight_block, "nyxkcrs", _blocks_with_halo(x, plan), "nzyx", dy, "nkyx", dtype=dtype,
+                           meta=_meta(x, 7, dtype), new_axes={"c": p.C // p.groups, "r": p.R, "s": p.S},
+                           adjust_chunks={"n": 1, "y": 1, "x": 1}, align_arrays=False, concatenate=True, run=run,
+                           arguments=arguments)
+    return partial.sum(axis=(0, 1, 2), split_every=SPLIT_EVERY, dtype=dtype)
 
 
 def conv2d_backward_bias(run, check_algo, dy, *, algo="auto", device=None):

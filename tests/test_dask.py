@@ -97,6 +97,10 @@ def test_backward_passes_on_a_cluster(client, rng):
     lazy["data-spatial"] = (
         convlib.conv2d_backward_data(da.from_array(dy1, chunks=(2, 3, 4, 6)), w, x.shape, algo="direct", **spatial),
         convlib.conv2d_backward_data(dy1, w, x.shape, algo="direct", **spatial))
+    lazy["weight-spatial"] = (  # x cut by the forward plan (stride 2, halo 1), dy rechunked to its outputs
+        convlib.conv2d_backward_weight(da.from_array(x, chunks=(2, -1, 4, 6)), dy_d, w.shape, algo="direct",
+                                       **arguments),
+        lazy["weight"][1])
     results = client.compute({k: v[0] for k, v in lazy.items()}, sync=True)
     for name, (y, expected) in lazy.items():
         assert y.shape == expected.shape, name
@@ -133,6 +137,23 @@ def test_worker_numba_threads(client):
 def test_forward_threaded_scheduler(rng, name, x_shape, chunks, w_shape, arguments):
     y, expected = _forward(rng, "float64", x_shape, chunks, w_shape, arguments)
     np.testing.assert_allclose(y.compute(scheduler="threads"), expected, **TOL["float64"])
+
+
+@pytest.mark.parametrize("stride, padding, dilation, groups, taps, chunks", [
+    (1, "same", 2, 1, 3, (2, -1, 6, 6)),
+    (3, (1, 0, 2, 1), 1, 4, 4, (2, -1, 5, 7)),
+    (1, 2, 1, 1, 5, (3, -1, (5, 5, 5, 2), -1)),
+])
+def test_weight_pass_chunked_along_space(rng, stride, padding, dilation, groups, taps, chunks):
+    x = rng.standard_normal((3, 8, 17, 15))
+    w = rng.standard_normal((8, 8 // groups, taps, taps))
+    arguments = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, algo="direct")
+    dy = convlib.conv2d(x, w, **arguments)
+    dw = convlib.conv2d_backward_weight(da.from_array(x, chunks=chunks), da.from_array(dy, chunks=(1, 4, 3, 3)),
+                                        w.shape, **arguments)
+    assert dw.shape == w.shape and dw.chunks == tuple((n,) for n in w.shape)
+    np.testing.assert_allclose(dw.compute(scheduler="threads"), convlib.conv2d_backward_weight(x, dy, w.shape, **arguments),
+                               **TOL["float64"])
 
 
 def test_backward_weight_tree_reduction_threaded(rng):
@@ -192,8 +213,8 @@ def test_c_chunks_must_hold_whole_groups():
 
 
 def test_unsupported_chunking_of_a_backward_pass_says_what_is_supported():
-    with pytest.raises(NotImplementedError, match="chunks along N .* only"):
-        convlib.conv2d_backward_weight(da.zeros((2, 3, 10, 10), chunks=(1, 3, 5, 10)), da.zeros((2, 4, 8, 8)),
+    with pytest.raises(NotImplementedError, match="chunks along N, H and W: rechunk C to one chunk"):
+        convlib.conv2d_backward_weight(da.zeros((2, 3, 10, 10), chunks=(1, 1, 5, 10)), da.zeros((2, 4, 8, 8)),
                                        (4, 3, 3, 3))
     with pytest.raises(NotImplementedError, match=r"at stride \(2, 2\).*along K, H and W at stride 1"):
         convlib.conv2d_backward_data(da.zeros((2, 4, 5, 5), chunks=(1, 4, 3, 5)), np.zeros((4, 3, 3, 3)),
