@@ -20,8 +20,14 @@ How a forward convolution is cut (:class:`ChunkPlan`, docs/dask.md has the figur
 * chunks of ``w`` along K (``groups == 1``) split the filters and the output channels;
 * the bias is added once, after the sum.
 
-Threads: each block limits numba to ``cores // dask threads of its worker`` threads
-(:func:`task_threads`), so a worker never runs more numba threads than the machine has cores.
+The backward passes reuse that plan: the weight pass cuts ``x`` by it (N, H, W) and reduces one
+partial ``dw`` per block by a tree reduction; the data pass and ``conv_transpose2d`` map batch
+chunks block by block and, at stride 1, run chunks along channels, H and W as the equivalent
+forward convolution (flipped, transposed filters). A chunking a pass cannot serve is a
+``NotImplementedError`` that says what can.
+
+Threads: each block limits numba to ``NUMBA_NUM_THREADS // dask threads of its worker`` threads
+(:func:`task_threads`), so numba threads x dask threads <= the cores a worker was given.
 """
 
 from __future__ import annotations
@@ -342,9 +348,9 @@ def _only_chunks(name, arr, axes, supported):
 
 # -- the forward convolution -----------------------------------------------------------------------
 
-def _forward_block(xb, wb, bb=None, *, run, partial, groups, arguments):
+def _forward_block(xb, wb, bb=None, *, run, partial, arguments):
     with task_threads():
-        y = run(xb, wb, bb, padding=0, groups=groups, **arguments)
+        y = run(xb, wb, bb, padding=0, **arguments)
     return y[None] if partial else y
 
 
@@ -417,7 +423,7 @@ def _run_forward(run, plan: ChunkPlan, x, w, bias, *, algo, device):
             # blocks of one output block meet a few at a time, never all at once in one task.
             y = da.blockwise(_forward_block, "cnkyx", x, "ncyx", w, "kcrs", dtype=dtype,
                              meta=_meta(x, 5, dtype), adjust_chunks={"c": 1, **adjust}, concatenate=True,
-                             run=run, partial=True, groups=1, arguments=arguments)
+                             run=run, partial=True, arguments=arguments)
             y = y.sum(axis=0, split_every=SPLIT_EVERY, dtype=dtype)
             if bias is not None:
                 y = y + _as_dask(bias, (plan.filter_chunks,))[None, :, None, None]
@@ -426,8 +432,7 @@ def _run_forward(run, plan: ChunkPlan, x, w, bias, *, algo, device):
         if bias is not None:
             blocks += [_as_dask(bias, (plan.filter_chunks,)), "k"]
         return da.blockwise(_forward_block, "nkyx", *blocks, dtype=dtype, meta=_meta(x, 4, dtype),
-                            adjust_chunks=adjust, concatenate=True, run=run, partial=False, groups=1,
-                            arguments=arguments)
+                            adjust_chunks=adjust, concatenate=True, run=run, partial=False, arguments=arguments)
     # groups > 1: C chunk i holds whole groups, whose filters are w's K chunk i; the channel axis
     # of x and the K axis of w share a block index (their chunk sizes differ, so no alignment).
     w = _as_dask(w, (plan.filter_chunks, p.C // p.groups, p.R, p.S))
@@ -457,7 +462,6 @@ def _bias_block(dyb, *, run, arguments):
         return run(dyb, **arguments)[None]
 
 
-_BATCH_ONLY = "supported are chunks along N (the batch) only: rechunk the other axes to one chunk"
 _STRIDE_ONE = ("supported are chunks along N (the batch), and along {channels}, H and W at stride 1 when the "
                "padding is at most dilation*(R-1) on each side: rechunk the other axes to one chunk")
 
