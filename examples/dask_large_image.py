@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     try:
         with distributed.LocalCluster(
             n_workers=args.workers, threads_per_worker=1, processes=True, memory_limit=args.memory_limit,
-            dashboard_address=None, silence_logs=40,
+            dashboard_address=":0", silence_logs=40,
             env={"NUMBA_NUM_THREADS": str(max(1, cores // args.workers))},
         ) as cluster, distributed.Client(cluster) as client:
             workers_before = set(client.scheduler_info()["workers"])

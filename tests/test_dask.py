@@ -24,7 +24,7 @@ TOL = {"float32": dict(rtol=1e-5, atol=1e-5), "float64": dict(rtol=1e-12, atol=1
 @pytest.fixture(scope="module")
 def client():
     # NUMBA_NUM_THREADS: each worker's share of the host's cores (distributed does not set it).
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                   env={"NUMBA_NUM_THREADS": "1", "CONVLIB_PROFILE": "off"},
                                   silence_logs=40) as cluster, distributed.Client(cluster) as client:
         yield client
@@ -271,3 +271,14 @@ def test_dtype_and_shape_errors_name_the_argument():
             convlib.conv2d(bad_x.compute(), w)
         with pytest.raises(type(from_numpy.value), match=str(from_numpy.value).replace("(", r"\(").replace(")", r"\)")):
             convlib.conv2d(bad_x, w)
+
+
+def test_the_dask_benchmark_runs(tmp_path, capsys):
+    """``python -m convlib.bench dask`` on a tiny shape: its own cluster, both timings, the plan, a record."""
+    from convlib.bench.__main__ import main
+
+    assert main(["dask", "--shape", "4,2,64,64,2,3,3", "--batch-chunk", "2", "--repeats", "1", "--warmup", "0",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "in-process median" in out and "dask       median" in out and "halo 2" in out
+    assert len(list(tmp_path.glob("dask-*.json"))) == 1

@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
 
     with distributed.LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                                  dashboard_address=None, silence_logs=40,
+                                  dashboard_address=":0", silence_logs=40,
                                   env={"NUMBA_NUM_THREADS": str(per_worker)}) as cluster, \
             distributed.Client(cluster) as client:
         # The input is made on the workers (as it would be read there), block by block.
