@@ -245,7 +245,11 @@ class ChunkPlan:
         """A few lines for people: the blocks, the halo, what the cut costs."""
         p = self.problem
         def chunks(c):
-            return f"{len(c)} x {c[0]}" if len(set(c[:-1])) <= 1 and c[-1] <= c[0] else str(c)
+            if len(set(c)) == 1:
+                return f"{len(c)} x {c[0]}"
+            if len(set(c[:-1])) == 1:
+                return f"{len(c) - 1} x {c[0]} + {c[-1]}"
+            return str(c)
         lines = [
             p.describe(),
             f"  batch chunks {chunks(self.batch_chunks)}; C chunks {chunks(self.channel_chunks)}"
