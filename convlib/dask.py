@@ -456,9 +456,10 @@ def _grouped_block(xb, wb, bb=None, *, run, per_group, arguments):
 
 # -- the backward passes and the transposed convolution --------------------------------------------
 
-def _weight_block(xb, dyb, *, run, arguments):
+def _weight_block(xb, dyb, *, run, taps, groups, arguments):
+    w_shape = (dyb.shape[1], xb.shape[1] // groups, *taps)  # this block's channels of dw
     with task_threads():
-        return run(xb, dyb, padding=0, **arguments)[None, None, None]
+        return run(xb, dyb, w_shape, padding=0, groups=groups, **arguments)[None, None, None]
 
 
 def _bias_block(dyb, *, run, arguments):
@@ -547,13 +548,13 @@ def _batch_block_shape(dyb, wb, *, run, x_shape, arguments):
 
 def conv2d_backward_weight(run, check_algo, x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
                            algo="auto", device=None):
-    """:func:`convlib.conv2d_backward_weight` of a Dask ``x`` chunked along N, H and W (one chunk
-    along C): a Dask array ``dw`` of one chunk.
+    """:func:`convlib.conv2d_backward_weight` of a Dask ``x`` chunked along N, H and W, and along C
+    when ``groups == 1``: a Dask array ``dw`` chunked as ``x`` along C.
 
     ``x`` is cut by the forward chunk plan (padding once, stride-aligned blocks with their halo)
     and ``dy`` is rechunked to that plan's output chunks (its K axis to one chunk); each pair of
-    blocks gives a partial ``dw`` (the in-memory weight pass with no padding), and the partial
-    sums meet in a tree reduction.
+    blocks gives a partial ``dw`` (the in-memory weight pass with no padding; a C chunk of ``x``
+    gives those channels of ``dw``), and the partial sums over N, H and W meet in a tree reduction.
     """
     _required(x=x, dy=dy)
     x, dy = _host("x", x), _host("dy", dy)
@@ -563,16 +564,17 @@ def conv2d_backward_weight(run, check_algo, x, dy, w_shape, *, stride=1, padding
                                            dilation=dilation, groups=groups)
     _check_plan("conv2d_backward_weight", problem, device, algo, x, dy)
     x = _as_dask(x)
-    _only_chunks("x", x, (1,), "supported are chunks along N, H and W: rechunk C to one chunk")
+    if groups > 1:
+        _only_chunks("x", x, (1,), f"with groups={groups} supported are chunks along N, H and W: rechunk C to one chunk")
     plan = chunk_plan(problem.forward, x.chunks)
     dy = _as_dask(dy, (plan.batch_chunks, (problem.K,), plan.h.output_chunks, plan.w.output_chunks))
     p = problem
     dtype = np.dtype(p.dtype)
-    arguments = dict(w_shape=p.w_shape, stride=p.stride, dilation=p.dilation, groups=groups, algo=algo,
-                     device=device)
-    partial = da.blockwise(_weight_block, "nyxkcrs", _blocks_with_halo(x, plan), "nzyx", dy, "nkyx", dtype=dtype,
-                           meta=_meta(x, 7, dtype), new_axes={"c": p.C // p.groups, "r": p.R, "s": p.S},
-                           adjust_chunks={"n": 1, "y": 1, "x": 1}, align_arrays=False, concatenate=True, run=run,
+    arguments = dict(stride=p.stride, dilation=p.dilation, algo=algo, device=device)
+    partial = da.blockwise(_weight_block, "nyxkcrs", _blocks_with_halo(x, plan), "ncyx", dy, "nkyx", dtype=dtype,
+                           meta=_meta(x, 7, dtype), new_axes={"r": p.R, "s": p.S},
+                           adjust_chunks={"n": 1, "y": 1, "x": 1, "c": plan.channel_chunks if groups == 1 else p.C // groups},
+                           align_arrays=False, concatenate=True, run=run, taps=(p.R, p.S), groups=groups,
                            arguments=arguments)
     return partial.sum(axis=(0, 1, 2), split_every=SPLIT_EVERY, dtype=dtype)
 

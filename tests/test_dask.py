@@ -140,18 +140,19 @@ def test_forward_threaded_scheduler(rng, name, x_shape, chunks, w_shape, argumen
 
 
 @pytest.mark.parametrize("stride, padding, dilation, groups, taps, chunks", [
-    (1, "same", 2, 1, 3, (2, -1, 6, 6)),
+    (1, "same", 2, 1, 3, (2, (2, 5, 1), 6, 6)),
     (3, (1, 0, 2, 1), 1, 4, 4, (2, -1, 5, 7)),
     (1, 2, 1, 1, 5, (3, -1, (5, 5, 5, 2), -1)),
 ])
-def test_weight_pass_chunked_along_space(rng, stride, padding, dilation, groups, taps, chunks):
+def test_weight_pass_chunked_along_space_and_channels(rng, stride, padding, dilation, groups, taps, chunks):
     x = rng.standard_normal((3, 8, 17, 15))
     w = rng.standard_normal((8, 8 // groups, taps, taps))
     arguments = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, algo="direct")
     dy = convlib.conv2d(x, w, **arguments)
-    dw = convlib.conv2d_backward_weight(da.from_array(x, chunks=chunks), da.from_array(dy, chunks=(1, 4, 3, 3)),
-                                        w.shape, **arguments)
-    assert dw.shape == w.shape and dw.chunks == tuple((n,) for n in w.shape)
+    x_dask = da.from_array(x, chunks=chunks)
+    dw = convlib.conv2d_backward_weight(x_dask, da.from_array(dy, chunks=(1, 4, 3, 3)), w.shape, **arguments)
+    # C chunks of x give those channels of dw (groups=1)
+    assert dw.shape == w.shape and dw.chunks[1] == (x_dask.chunks[1] if groups == 1 else (w.shape[1],))
     np.testing.assert_allclose(dw.compute(scheduler="threads"), convlib.conv2d_backward_weight(x, dy, w.shape, **arguments),
                                **TOL["float64"])
 
@@ -213,9 +214,9 @@ def test_c_chunks_must_hold_whole_groups():
 
 
 def test_unsupported_chunking_of_a_backward_pass_says_what_is_supported():
-    with pytest.raises(NotImplementedError, match="chunks along N, H and W: rechunk C to one chunk"):
-        convlib.conv2d_backward_weight(da.zeros((2, 3, 10, 10), chunks=(1, 1, 5, 10)), da.zeros((2, 4, 8, 8)),
-                                       (4, 3, 3, 3))
+    with pytest.raises(NotImplementedError, match="groups=2 supported are chunks along N, H and W: rechunk C"):
+        convlib.conv2d_backward_weight(da.zeros((2, 4, 10, 10), chunks=(1, 2, 5, 10)), da.zeros((2, 4, 8, 8)),
+                                       (4, 2, 3, 3), groups=2)
     with pytest.raises(NotImplementedError, match=r"at stride \(2, 2\).*along K, H and W at stride 1"):
         convlib.conv2d_backward_data(da.zeros((2, 4, 5, 5), chunks=(1, 4, 3, 5)), np.zeros((4, 3, 3, 3)),
                                      (2, 3, 11, 11), stride=2)
