@@ -157,6 +157,15 @@ def test_weight_pass_chunked_along_space_and_channels(rng, stride, padding, dila
                                **TOL["float64"])
 
 
+@pytest.mark.parametrize("algo", ["im2col", "auto"])
+def test_algo_device_and_a_dask_bias_apply_per_block(rng, algo):
+    x, w, b = _data(rng, (2, 6, 13, 11), (5, 6, 3, 3), "float64")
+    y = convlib.conv2d(da.from_array(x, chunks=(1, 3, 7, -1)), w, da.from_array(b, chunks=2), padding=1, algo=algo,
+                       device="cpu")
+    np.testing.assert_allclose(y.compute(scheduler="threads"), convlib.conv2d(x, w, b, padding=1, algo="direct"),
+                               **TOL["float64"])
+
+
 def test_backward_weight_tree_reduction_threaded(rng):
     x = rng.standard_normal((20, 3, 9, 9))
     dy = rng.standard_normal((20, 4, 9, 9))
