@@ -110,8 +110,9 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
     ----------
     x : array, shape (N, C, H, W)
         Input, float32 or float64. A numpy array (or array-like), a PyTorch tensor, a dpnp /
-        dpctl.tensor array, or a CUDA array (CuPy, numba device array, PyTorch CUDA tensor).
-        Never modified.
+        dpctl.tensor array, a CUDA array (CuPy, numba device array, PyTorch CUDA tensor), or a
+        Dask array (the result is then a lazy Dask array, each block computed by this function:
+        :mod:`convlib.dask`, docs/dask.md). Never modified.
     w : array, shape (K, C // groups, R, S)
         Filters, same dtype and kind as ``x``.
     bias : array, shape (K,), optional
@@ -180,7 +181,8 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
 _GRADIENT_NOTE = """
     The arrays may be numpy arrays (or array-likes), PyTorch tensors, dpnp / dpctl.tensor arrays
     or CUDA arrays, as for :func:`conv2d`; the result has the kind of the first array and is
-    computed where the data lives (or on ``device``). Inputs are never modified."""
+    computed where the data lives (or on ``device``). Dask arrays give a lazy Dask array (the
+    chunkings each pass serves: :mod:`convlib.dask`). Inputs are never modified."""
 
 
 def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1, algo="auto",
