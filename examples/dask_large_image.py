@@ -9,7 +9,7 @@ image. The workers (``--workers`` processes, one dask thread and ``cores // work
 threads each) have a memory limit of ``--memory-limit`` each.
 
 It reports the chunk plan, the peak resident memory of each worker (sampled every 20 ms in the
-worker), whether a worker was restarted (killed), and the throughput; it checks a few bands
+worker) and what it spilled to disk, whether a worker was restarted (killed), and the throughput; it checks a few bands
 against the in-memory convolution. Exit status 1 when a check fails or a worker died.
 
     python examples/dask_large_image.py                      # 4 GiB in, 2 workers of 1 GiB
@@ -46,8 +46,11 @@ def _start_sampling(dask_worker):
 
 
 def _stop_sampling(dask_worker):
+    """In a worker: the peak resident memory, and the bytes dask spilled to disk (its SpillBuffer's
+    count of disk writes; 0 without a memory limit)."""
     dask_worker.convlib_sampling = False
-    return dask_worker.convlib_peak_rss
+    metrics = getattr(dask_worker.data, "cumulative_metrics", {})
+    return dask_worker.convlib_peak_rss, metrics.get(("disk-write", "bytes"), 0)
 
 
 def _random_band(block, block_info=None):
@@ -122,9 +125,9 @@ def main(argv=None) -> int:
         print(f"wrote the input in {write_s:.1f} s; convolved zarr -> zarr in {conv_s:.1f} s: "
               f"{x.nbytes / conv_s / 1e9:.3f} GB/s of input ({(x.nbytes + y.nbytes) / conv_s / 1e9:.3f} GB/s "
               f"read + written)")
-        for address, peak in sorted(peaks.items()):
+        for address, (peak, spilled) in sorted(peaks.items()):
             print(f"  worker {address}: peak resident memory {peak / 2**20:.0f} MiB "
-                  f"({peak / limit * 100:.0f}% of its limit)")
+                  f"({peak / limit * 100:.0f}% of its limit), {spilled / 2**20:.0f} MiB spilled to disk")
         print("  a worker was restarted (killed)" if died else "  no worker was restarted")
         ok = not died
 
