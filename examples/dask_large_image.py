@@ -35,6 +35,7 @@ def _start_sampling(dask_worker):
 
     process = psutil.Process()
     dask_worker.convlib_peak_rss = process.memory_info().rss
+    dask_worker.convlib_spilled_before = _spilled(dask_worker)
     dask_worker.convlib_sampling = True
 
     def sample():
@@ -45,12 +46,16 @@ def _start_sampling(dask_worker):
     threading.Thread(target=sample, daemon=True).start()
 
 
+def _spilled(dask_worker) -> float:
+    """The bytes this worker spilled to disk since it started (its SpillBuffer's count of disk
+    writes; 0 without a memory limit)."""
+    return getattr(dask_worker.data, "cumulative_metrics", {}).get(("disk-write", "bytes"), 0)
+
+
 def _stop_sampling(dask_worker):
-    """In a worker: the peak resident memory, and the bytes dask spilled to disk (its SpillBuffer's
-    count of disk writes; 0 without a memory limit)."""
+    """In a worker: the peak resident memory and the bytes spilled since sampling started."""
     dask_worker.convlib_sampling = False
-    metrics = getattr(dask_worker.data, "cumulative_metrics", {})
-    return dask_worker.convlib_peak_rss, metrics.get(("disk-write", "bytes"), 0)
+    return dask_worker.convlib_peak_rss, _spilled(dask_worker) - dask_worker.convlib_spilled_before
 
 
 def _random_band(block, block_info=None):
