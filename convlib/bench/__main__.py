@@ -9,6 +9,7 @@ Wrap timing runs in ``flock /tmp/convlib-bench.lock`` on a shared machine, and f
     python -m convlib.bench custom --shape 8,64,56,56,64,3,3 --padding 1 --algo direct,blis --repeats 3
     python -m convlib.bench --replot bench-results/resnet50-20261121-101500.json --plot
     python -m convlib.bench dask --repeats 5   # Dask arrays on a LocalCluster (convlib/bench/dask_bench.py)
+    python -m convlib.bench thesis --experiment A --batches 8,40,80   # beside the thesis' tables (convlib/bench/thesis.py)
 
 A long suite can be run in parts (``--limit 0:5``, ``--limit 5:10``, with ``--ceilings-from`` the
 first part's file) and drawn as one: ``--replot part1.json part2.json --plot``.
@@ -215,6 +216,10 @@ def main(argv=None) -> int:
         # Its own options (a cluster, not candidates): convlib/bench/dask_bench.py.
         from .dask_bench import main as dask_main
         return dask_main(given[1:])
+    if given[:1] == ["thesis"]:
+        # Its own options (two sweeps, whole processes): convlib/bench/thesis.py.
+        from .thesis import main as thesis_main
+        return thesis_main(given[1:])
     args = build_parser().parse_args(argv)
     if args.replot:
         return _replot(args)
