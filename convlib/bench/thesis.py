@@ -390,6 +390,8 @@ def speedups(measurements: list[Measurement], thesis: list[ThesisRow]) -> list[d
                 algo = COUNTERPART[row.program]
                 proc = ours.get((e, n, h, device, algo, "process"), math.nan)
                 kern = ours.get((e, n, h, device, algo, "kernel"), math.nan)
+                if math.isnan(proc) and math.isnan(kern):
+                    continue  # the counterpart was not run (--algo)
                 ref = row.mean_time_s if row.mean_time_s is not None else math.nan
                 out.append({"experiment": e, "size": n if e == "A" else h, "device": device,
                             "program": row.program, "thesis_s": ref, "algo": algo, "process_s": proc,
