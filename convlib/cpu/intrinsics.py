@@ -11,7 +11,8 @@ Two families:
 
 * ``lanes``-wide vectors (a literal argument) for the micro-kernels: :func:`vector_zero`,
   :func:`vector_fma`, :func:`vector_fma_lanes`, :func:`vector_sum`, :func:`vector_add_into`,
-  :func:`vector_store_plus`, :func:`vector_store_split`, and :func:`prefetch_for_write`;
+  :func:`vector_store_plus`, :func:`vector_store_split`, :func:`vector_copy`,
+  :func:`transpose_block` and :func:`prefetch_for_write`;
 * 32-byte vectors for the packing routines: :func:`copy_vector`, :func:`copy_vector_stride2`,
   :func:`deinterleave_vector`, :func:`zero_vector` and :func:`vector_lanes` (elements per 32 bytes, a compile-time constant).
 """
@@ -108,6 +109,74 @@ def vector_fma_lanes(typingctx, acc, acc_index, a, a_index, b, b_index, lanes):
         return context.get_dummy_value()
 
     return types.void(acc, acc_index, a, a_index, b, b_index, lanes), codegen
+
+
+@intrinsic
+def vector_copy(typingctx, dst, dst_index, src, src_index, lanes):
+    """``dst[dst_index : +lanes] = src[src_index : +lanes]``: one vector load and store."""
+    L = _literal_lanes(lanes)
+    if L is None:
+        return None
+
+    def codegen(context, builder, signature, args):
+        d, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], L)
+        s_, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], L)
+        builder.store(builder.load(s_, align=align), d, align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_index, src, src_index, lanes), codegen
+
+
+def _transpose_vectors(builder, rows):
+    """The transpose of the square matrix whose rows are the vectors ``rows`` (a power of two of
+    them, each as long as their count): one stage per bit of the index, each stage swapping that
+    bit between row and column by one two-source shuffle per row (``log2(L) * L`` shuffles)."""
+    lanes = len(rows)
+    rows = list(rows)
+    bit = 1
+    while bit < lanes:
+        for i in range(lanes):
+            if i & bit:
+                continue
+            j = i | bit
+            low = [c if not c & bit else lanes + c - bit for c in range(lanes)]
+            high = [c + bit if not c & bit else lanes + c for c in range(lanes)]
+            picks = ir.VectorType(ir.IntType(32), lanes)
+            rows[i], rows[j] = (builder.shuffle_vector(rows[i], rows[j], ir.Constant(picks, low)),
+                                builder.shuffle_vector(rows[i], rows[j], ir.Constant(picks, high)))
+        bit *= 2
+    return rows
+
+
+@intrinsic
+def transpose_block(typingctx, dst, dst_index, dst_stride, src, src_index, src_stride, lanes):
+    """The ``lanes x lanes`` block of ``src`` whose row ``i`` starts at ``src_index + i *
+    src_stride`` stored transposed into ``dst`` (row ``j`` at ``dst_index + j * dst_stride``):
+    ``lanes`` vector loads, ``log2(lanes) * lanes`` shuffles, ``lanes`` vector stores.
+    ``lanes`` is a power of two. It turns channel planes (NCHW) into channel-interleaved
+    positions and back, where an element-by-element copy cost more than the convolution."""
+    L = _literal_lanes(lanes)
+    if L is None or L & (L - 1):
+        return None
+
+    def codegen(context, builder, signature, args):
+        src_data = context.make_array(signature.args[3])(context, builder, args[3]).data
+        dst_data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        elem = context.get_value_type(signature.args[0].dtype)
+        vec = ir.VectorType(elem, L)
+        align = context.get_abi_sizeof(elem)
+        dst_at, dst_step, src_at, src_step = (context.cast(builder, args[k], signature.args[k], types.intp)
+                                              for k in (1, 2, 4, 5))
+        rows = []
+        for i in range(L):
+            at = builder.add(src_at, builder.mul(src_step, ir.Constant(src_step.type, i)))
+            rows.append(builder.load(builder.bitcast(builder.gep(src_data, [at]), vec.as_pointer()), align=align))
+        for j, row in enumerate(_transpose_vectors(builder, rows)):
+            at = builder.add(dst_at, builder.mul(dst_step, ir.Constant(dst_step.type, j)))
+            builder.store(row, builder.bitcast(builder.gep(dst_data, [at]), vec.as_pointer()), align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_index, dst_stride, src, src_index, src_stride, lanes), codegen
 
 
 @intrinsic
