@@ -1,4 +1,4 @@
-"""The depthwise kernel's edges: both of its ways (whole planes and bands), channel multipliers,
+"""The depthwise kernel's edges: its ways (channel blocks, whole planes, gathered planes, bands), channel multipliers,
 strides (de-interleaved), dilations, padding never copied (masked taps, clipped runs, whole padding
 rows), and the padding's 0 * w terms for non-finite w."""
 
@@ -130,3 +130,70 @@ def test_padding_terms_of_a_non_finite_weight(bad, case, gather_bytes, rng):
     np.testing.assert_array_equal(np.isposinf(y), np.isposinf(expected))
     finite = np.isfinite(expected)
     assert finite[:, 2].sum() == 0 and relative_error(y[finite], expected[finite]) <= TOLERANCE["float64"]
+
+
+#: The channel-blocked way: every case above, forced (a minimum of one filter), with the band
+#: budget as built and at its minimum (one output row per band), so partial channel blocks, the
+#: multiplier's gathered lanes, padding rows per band and every geometry go through it.
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("band_bytes", [None, 1], ids=["bands-as-built", "one-row-bands"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_channel_blocks_match_reference(case, band_bytes, dtype, rng):
+    problem = problem_for(case, dtype)
+    x, w, b = random_arrays(rng, problem)
+    copies = x.copy(), w.copy(), b.copy()
+    knobs = {"depthwise_channel_block_min_filters": 1}
+    if band_bytes is not None:
+        knobs["depthwise_channel_block_bytes"] = band_bytes
+    with KNOBS.override(**knobs):
+        assert depthwise.uses_channel_blocks(problem)
+        y = depthwise.run(problem, x, w, b)
+    assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[dtype]
+    assert all(np.array_equal(a, c) for a, c in zip((x, w, b), copies))
+
+
+# (C, H, W, stride, padding): whole channel blocks, planes not a multiple of a block of positions.
+WIDE_CASES = {
+    "mobilenet-7x7": (32, 7, 7, (1, 1), (1, 1, 1, 1)),
+    "mobilenet-14x14-stride2": (48, 14, 14, (2, 2), (1, 1, 1, 1)),
+    "odd-plane-and-channels": (37, 9, 13, (1, 2), (2, 0, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", list(WIDE_CASES))
+def test_channel_blocks_serve_wide_layers(case, dtype, rng):
+    """Enough filters for whole blocks: the transposed copies in and out, and their remainders."""
+    C, H, W, stride, padding = WIDE_CASES[case]
+    problem = ConvProblem(3, C, H, W, C, 3, 3, stride, padding, (1, 1), C, dtype, True)
+    assert depthwise.uses_channel_blocks(problem)
+    x, w, b = random_arrays(rng, problem)
+    y = depthwise.run(problem, x, w, b)
+    assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[dtype]
+    with KNOBS.override(depthwise_channel_block_min_filters=1 << 30):
+        assert not depthwise.uses_channel_blocks(problem)
+        np.testing.assert_allclose(depthwise.run(problem, x, w, b), y, rtol=1e-5 if dtype == "float32" else 1e-12,
+                                   atol=1e-5 if dtype == "float32" else 1e-12)
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_channel_blocks_padding_terms_of_a_non_finite_weight(bad, rng):
+    """As above for the channel-blocked way: its padding is zeros in the buffer, multiplied too."""
+    C = 20
+    problem = ConvProblem(2, C, 6, 7, C, 3, 3, (2, 1), (1, 1, 1, 1), (1, 1), C, "float64", True)
+    x, w, b = random_arrays(rng, problem)
+    x = np.abs(x) + 0.5
+    finite_w = w.copy()
+    finite_w[17, 0, 0, 0] = 0.0
+    expected = conv2d_reference_for(problem, x, finite_w, b)
+    p = np.arange(problem.P)[:, None] * problem.stride[0] - problem.pad_top
+    q = np.arange(problem.Q)[None, :] * problem.stride[1] - problem.pad_left
+    reads_padding = (p < 0) | (p >= problem.H) | (q < 0) | (q >= problem.W)
+    expected[:, 17] = np.where(reads_padding, np.nan, np.inf) if bad == np.inf else np.nan
+    w[17, 0, 0, 0] = bad
+    assert depthwise.uses_channel_blocks(problem)
+    y = depthwise.run(problem, x, w, b)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(expected))
+    np.testing.assert_array_equal(np.isposinf(y), np.isposinf(expected))
+    finite = np.isfinite(expected)
+    assert relative_error(y[finite], expected[finite]) <= TOLERANCE["float64"]

@@ -7,8 +7,18 @@ kernel's job is to touch each byte once, which the general algorithms do not do 
 register block holds one channel (its blocks are built for many) and copies the whole input with
 its padding first; blis and im2col pack or gather R*S copies of the image.
 
-Three ways through, by the plane's geometry (:func:`uses_whole_planes`,
-:func:`uses_gathered_planes`, else bands):
+Four ways through: by the number of filters (:func:`uses_channel_blocks`), then by the plane's
+geometry (:func:`uses_whole_planes`, :func:`uses_gathered_planes`, else bands):
+
+*Channel blocks* (``K >= depthwise_channel_block_min_filters``: the depthwise layers of networks,
+any geometry): a vector holds 64 bytes of channels of one position, not positions of one channel.
+A band's input rows are transposed into a zero-padded buffer of channel vectors, every output
+position is ``R*S`` vector FMAs, and the outputs are transposed back
+(:func:`channel_block_kernel`). MobileNet's 7x7 to 28x28 planes leave the planar ways below rows
+too short to vectorise along, and their strided planes a de-interleave per plane; here neither
+matters.
+
+The planar ways vectorise along the width of one plane, for few channels (image filters):
 
 *Whole planes* (stride 1, output the size of the image, the taps' masks small): the output plane
 and the image plane have the same pitch, so output position ``pos`` (flat, ``p * W + q``) reads
@@ -55,7 +65,8 @@ from numba import get_num_threads, njit, prange
 
 from ..core import output_cache
 from ..core.problem import ConvProblem
-from .intrinsics import deinterleave_vector, vector_lanes
+from .intrinsics import (deinterleave_vector, transpose_block, vector_copy, vector_fma_lanes,
+                         vector_lanes)
 from .stack_buffer import stack_array_1d
 from .tables import KNOBS
 
@@ -188,7 +199,11 @@ def geometry(problem: ConvProblem) -> tuple[int, int, int, int, int]:
 
 def workspace_bytes(problem: ConvProblem, device=None) -> int:
     """Whole planes: the taps' masks, and per thread one plane with its margins. Bands: per thread,
-    one band's phase planes and its wide-row results (tens of KB)."""
+    one band's phase planes and its wide-row results (tens of KB). Channel blocks: per thread, one
+    band's input and output blocks (``depthwise_channel_block_bytes``)."""
+    if uses_channel_blocks(problem):
+        rows, in_rows, Wb = channel_block_geometry(problem)
+        return get_num_threads() * (in_rows * Wb + rows * problem.Q) * 64
     if uses_whole_planes(problem):
         positions = _round_up(problem.P * problem.Q, BLOCK)
         before, after = _plane_margins(problem)
@@ -503,11 +518,195 @@ def gathered_plane_kernel(R: int, S: int, dtype: str):
     return depthwise_gathered
 
 
+def channel_lanes(itemsize: int) -> int:
+    """Channels per block of the channel-blocked way: one 64-byte vector (16 float32, 8 float64)."""
+    return 64 // itemsize
+
+
+def uses_channel_blocks(problem: ConvProblem) -> bool:
+    """True when the channel-blocked way serves ``problem``: at least
+    ``depthwise_channel_block_min_filters`` filters, so blocks of whole vectors of channels are
+    mostly full (one-channel image filters keep the ways that vectorise along the width)."""
+    return problem.K >= KNOBS.depthwise_channel_block_min_filters
+
+
+def channel_block_geometry(problem: ConvProblem) -> tuple[int, int, int]:
+    """``(rows, in_rows, Wb)`` of the channel-blocked way: output rows per band, the padded input
+    rows a full band reads, and the width of the padded, channel-interleaved buffer (every image
+    column and every column a tap reads). Bands are sized so that a band's input and output blocks
+    fit ``depthwise_channel_block_bytes``."""
+    (sh, sw), (dh, dw) = problem.stride, problem.dilation
+    lanes = channel_lanes(problem.itemsize)
+    Wb = max(problem.pad_left + problem.W, (problem.Q - 1) * sw + (problem.S - 1) * dw + 1)
+    vector = lanes * problem.itemsize
+    per_row = (sh * Wb + problem.Q) * vector
+    fixed = ((problem.R - 1) * dh + 1 - sh) * Wb * vector
+    rows = max(1, min(problem.P, (KNOBS.depthwise_channel_block_bytes - fixed) // per_row))
+    return rows, (rows - 1) * sh + (problem.R - 1) * dh + 1, Wb
+
+
+@functools.lru_cache(maxsize=None)
+def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
+    """The channel-blocked kernel for ``R x S`` filters of ``dtype`` (any stride, padding, dilation,
+    multiplier), computing ``ways`` output positions per step::
+
+        kernel(x, w, bias, stride_h, stride_w, top, left, dil_h, dil_w, rows, in_rows, Wb, threads, y)
+
+    x : (N, C, H, W)     IN
+    w : (K, 1, R, S)     IN
+    bias : (K,)          IN  zeros when the call has no bias
+    rows, in_rows, Wb    IN  the band geometry (:func:`channel_block_geometry`)
+    y : (N, K, P, Q)     OUT every element written
+
+    Work items are (image, block of ``L`` output channels, band of output rows). A band's input
+    rows are transposed, ``L x L`` elements at a time (:func:`~convlib.cpu.intrinsics.transpose_block`),
+    into a buffer of channel vectors, position by position, with zero padding around the image;
+    each output position is then ``R*S`` vector FMAs on the buffer with the ``L`` channels'
+    weights, at any stride or dilation alike (a tap of a strided output is one vector, no
+    de-interleaving), ``ways`` positions at a time (independent chains of FMAs); the band's outputs
+    are transposed back into ``y``.
+    Small planes (MobileNet's 7x7 to 28x28) give the other ways rows too short to vectorise along;
+    here a vector always holds ``L`` channels.
+    """
+    taps = R * S
+    scalar = np.dtype(dtype).type
+    L = channel_lanes(np.dtype(dtype).itemsize)
+    block = L * L
+    weights = taps * L
+    accumulators = ways * L
+
+    @njit(parallel=True, cache=True, fastmath={"contract"})
+    def depthwise_channel_blocks(x, w, bias, stride_h, stride_w, top, left, dil_h, dil_w, rows, in_rows, Wb,
+                                 threads, y):
+        N, C, H, W = x.shape
+        K = w.shape[0]
+        P, Q = y.shape[2], y.shape[3]
+        multiplier = K // C
+        HW, PQ = H * W, P * Q
+        kblocks = (K + L - 1) // L
+        bands = (P + rows - 1) // rows
+        items = N * kblocks * bands
+        parts = max(1, min(items, 4 * threads))
+        xf, yf = x.reshape(-1), y.reshape(-1)
+        step = uintp(stride_w * L)
+        # Each block's weights, tap-major (a vector of L channels per tap), then its biases: read as
+        # whole vectors per item. Lanes past the last filter repeat it (computed, then dropped).
+        blocks = np.empty(kblocks * (taps + 1) * L, w.dtype)
+        for kb in range(kblocks):
+            for l in range(L):
+                k = min(kb * L + l, K - 1)
+                for t in range(taps):
+                    blocks[(kb * (taps + 1) + t) * L + l] = w[k, 0, t // S, t % S]
+                blocks[(kb * (taps + 1) + taps) * L + l] = bias[k]
+        for part in prange(parts):
+            # Zeros once: the columns left and right of the image are never written.
+            buf = np.zeros(in_rows * Wb * L, x.dtype)
+            out = np.empty(rows * Q * L, y.dtype)
+            wt = stack_array_1d(weights, scalar)
+            bl = stack_array_1d(L, scalar)
+            acc = stack_array_1d(accumulators, scalar)
+            tmp = stack_array_1d(block, scalar)
+            toff = stack_array_1d(taps, np.uintp)
+            for t in range(taps):
+                toff[t] = uintp(((t // S) * dil_h * Wb + (t % S) * dil_w) * L)
+            for item in range(part * items // parts, (part + 1) * items // parts):
+                band = item % bands
+                kb = (item // bands) % kblocks
+                n = item // (bands * kblocks)
+                k0 = kb * L
+                lanes = min(L, K - k0)
+                p0 = band * rows
+                pb = min(rows, P - p0)
+                for t in range(taps):
+                    vector_copy(wt, t * L, blocks, uintp((kb * (taps + 1) + t) * L), L)
+                vector_copy(bl, 0, blocks, uintp((kb * (taps + 1) + taps) * L), L)
+                # Buffer row i is padded input row p0*sh + i: image rows h_lo..h_hi, zeros around.
+                h_first = p0 * stride_h - top
+                band_rows = (pb - 1) * stride_h + (R - 1) * dil_h + 1
+                h_lo, h_hi = max(0, h_first), min(H, h_first + band_rows)
+                for i in range(band_rows):
+                    if i + h_first < h_lo or i + h_first >= h_hi:
+                        for j in range(uintp(Wb * L)):
+                            buf[uintp(i * Wb * L) + j] = 0
+                if h_hi > h_lo:
+                    if lanes == L and multiplier == 1:
+                        plane0 = uintp((n * C + k0) * HW)
+                        first, last = h_lo * W, h_hi * W
+                        whole = first + (last - first) // L * L
+                        i, jc = h_lo - h_first, 0
+                        for pos0 in range(first, whole, L):
+                            transpose_block(tmp, 0, L, xf, plane0 + uintp(pos0), HW, L)
+                            for j in range(L):
+                                vector_copy(buf, uintp((i * Wb + jc + left) * L), tmp, j * L, L)
+                                jc += 1
+                                if jc == W:
+                                    jc = 0
+                                    i += 1
+                        for pos in range(whole, last):
+                            h, jc = divmod(pos, W)
+                            d = uintp(((h - h_first) * Wb + jc + left) * L)
+                            for l in range(L):
+                                buf[d + uintp(l)] = xf[plane0 + uintp(l * HW + pos)]
+                    else:
+                        for l in range(lanes):
+                            src = uintp((n * C + (k0 + l) // multiplier) * HW)
+                            for h in range(h_lo, h_hi):
+                                d = uintp(((h - h_first) * Wb + left) * L + l)
+                                s0 = src + uintp(h * W)
+                                for j in range(uintp(W)):
+                                    buf[d + j * uintp(L)] = xf[s0 + j]
+                # Each output: R*S vector FMAs over the channels; `ways` outputs per step.
+                for p in range(pb):
+                    row = uintp(p * stride_h * Wb * L)
+                    o_row = uintp(p * Q * L)
+                    q = 0
+                    while q + ways <= Q:
+                        at = row + uintp(q) * step
+                        for v in range(ways):
+                            vector_copy(acc, v * L, bl, 0, L)
+                        for t in range(taps):
+                            o = at + toff[t]
+                            for v in range(ways):
+                                vector_fma_lanes(acc, v * L, wt, t * L, buf, o + uintp(v) * step, L)
+                        for v in range(ways):
+                            vector_copy(out, o_row + uintp((q + v) * L), acc, v * L, L)
+                        q += ways
+                    while q < Q:
+                        at = row + uintp(q) * step
+                        vector_copy(acc, 0, bl, 0, L)
+                        for t in range(taps):
+                            vector_fma_lanes(acc, 0, wt, t * L, buf, at + toff[t], L)
+                        vector_copy(out, o_row + uintp(q * L), acc, 0, L)
+                        q += 1
+                # The band's outputs back into y: its rows are one flat run of each plane.
+                dst0 = uintp((n * K + k0) * PQ + p0 * Q)
+                count = pb * Q
+                if lanes == L:
+                    whole = count // L * L
+                    for pos0 in range(0, whole, L):
+                        transpose_block(yf, dst0 + uintp(pos0), PQ, out, uintp(pos0 * L), L, L)
+                    for pos in range(whole, count):
+                        for l in range(L):
+                            yf[dst0 + uintp(l * PQ + pos)] = out[uintp(pos * L + l)]
+                else:
+                    for l in range(lanes):
+                        for pos in range(uintp(count)):
+                            yf[dst0 + uintp(l * PQ) + pos] = out[pos * uintp(L) + uintp(l)]
+
+    return depthwise_channel_blocks
+
+
 def run(problem: ConvProblem, x, w, bias, device=None):
     """Depthwise convolution of ``x`` with ``w`` (the implementation contract of
     :mod:`convlib.core.contracts`)."""
     y = output_cache.empty(problem.y_shape, problem.dtype)
     bias_or_zeros = bias if bias is not None else np.zeros(problem.K, problem.dtype)
+    if uses_channel_blocks(problem):
+        rows, in_rows, Wb = channel_block_geometry(problem)
+        channel_block_kernel(problem.R, problem.S, problem.dtype, KNOBS.depthwise_channel_block_ways)(
+            x, w, bias_or_zeros, problem.stride[0], problem.stride[1], problem.pad_top, problem.pad_left,
+            problem.dilation[0], problem.dilation[1], rows, in_rows, Wb, get_num_threads(), y)
+        return y
     if uses_whole_planes(problem):
         before, after = _plane_margins(problem)
         mask, delta = _plane_tables(problem.H, problem.W, problem.R, problem.S, problem.pad_top, problem.pad_left,

@@ -178,6 +178,7 @@ REFERENCE_CACHES = {
 _DIRECT_L2_INPUT_BUDGET = 512 * 1024
 _DEPTHWISE_BAND_BYTES = 32 * 1024
 _DEPTHWISE_PLANE_MASK_BYTES = 256 * 1024
+_DEPTHWISE_CHANNEL_BLOCK_BYTES = 192 * 1024
 
 
 def fit_blis_to_caches(row: BlisBlocking, itemsize: int, caches: dict, reference: dict) -> BlisBlocking:
@@ -211,6 +212,7 @@ def machine_derived_knobs(caches: dict | None = None) -> dict:
         "direct_l2_input_budget": _DIRECT_L2_INPUT_BUDGET * caches["L2"] // budgets["L2"],
         "depthwise_band_bytes": _DEPTHWISE_BAND_BYTES * caches["L1d"] // budgets["L1d"],
         "depthwise_plane_mask_bytes": _DEPTHWISE_PLANE_MASK_BYTES * caches["L2"] // budgets["L2"],
+        "depthwise_channel_block_bytes": _DEPTHWISE_CHANNEL_BLOCK_BYTES * caches["L2"] // budgets["L2"],
     }
 
 
@@ -262,6 +264,13 @@ KNOBS = KnobTable("cpu", [
          "about an L1 data cache, so the R*S shifted runs of every tap are read from L1"),
     Knob("depthwise_plane_mask_bytes", _DEPTHWISE_PLANE_MASK_BYTES, "largest tap masks (R*S bytes per output position) of "
          "depthwise's whole-plane way; past it, bands: the masks are read once per plane and should stay in L2"),
+    Knob("depthwise_channel_block_min_filters", 16, "depthwise runs channel-blocked (vectors of 64 bytes of "
+         "channels, transposed in and out of a padded band buffer) from this many filters K; below it, the ways "
+         "that vectorise along the width (one-channel image filters)"),
+    Knob("depthwise_channel_block_bytes", _DEPTHWISE_CHANNEL_BLOCK_BYTES, "bytes of a channel-blocked depthwise "
+         "band's input and output buffers together: a fraction of L2, so the R*S taps reread the band from L2"),
+    Knob("depthwise_channel_block_ways", 4, "output positions a channel-blocked depthwise step computes "
+         "together: independent chains of R*S FMAs hide the FMA latency (a key of the kernel's factory)"),
     Knob("depthwise_gather_bytes", 8 * 1024, "largest phase buffer (one whole plane, de-interleaved) of "
          "depthwise's gathered way; past it, bands. Its masked gathers beat the bands' short row copies on "
          "MobileNetV2's 14x14/2 planes (1.8x) and tie on 28x28/2; on 56x56/2 the bands were 1.3x faster"),
