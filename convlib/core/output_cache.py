@@ -34,6 +34,11 @@ from .options import options
 #: Outputs smaller than this are plain ``np.empty`` arrays (malloc's arenas reuse those).
 MIN_BYTES = 32 * 2**20
 
+#: Where every output starts: a cache line. malloc gives 16 bytes (large blocks start 16 bytes
+#: into their pages), so every 64-byte vector store of a kernel writing whole rows split across
+#: two cache lines.
+ALIGNMENT = 64
+
 _lock = threading.Lock()
 _free: dict[tuple, list] = {}  # (kind, bytes) -> idle blocks; kind "host" or a SYCL queue
 _free_bytes = 0
@@ -49,15 +54,18 @@ def enabled() -> bool:
 
 
 def empty(shape, dtype) -> np.ndarray:
-    """An uninitialised C-contiguous array, like ``np.empty(shape, dtype)``."""
+    """An uninitialised C-contiguous array, like ``np.empty(shape, dtype)``, starting on a
+    :data:`ALIGNMENT`-byte boundary."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if nbytes < MIN_BYTES or not enabled():
-        return np.empty(shape, dtype)
+        raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+        start = -raw.ctypes.data % ALIGNMENT
+        return raw[start:start + nbytes].view(dtype).reshape(shape)
     key = ("host", nbytes)
     block = take(key)
     if block is None:
-        block = np.empty(nbytes, np.uint8)
+        block = np.empty(nbytes + ALIGNMENT, np.uint8)
     owner = _Owner(block, shape, dtype)
     release_when_unreachable(owner, key, block)
     return np.asarray(owner)
@@ -69,8 +77,9 @@ class _Owner:
     __slots__ = ("__array_interface__", "__weakref__")
 
     def __init__(self, block: np.ndarray, shape, dtype: np.dtype):
+        address = block.__array_interface__["data"][0]
         self.__array_interface__ = {
-            "data": (block.__array_interface__["data"][0], False),
+            "data": (address - address % -ALIGNMENT, False),
             "shape": tuple(int(n) for n in shape),
             "typestr": dtype.str,
             "version": 3,
