@@ -8,6 +8,9 @@ results go to JSON and CSV with a description of the machine (:mod:`convlib.benc
 :mod:`convlib.bench.report`) and, with ``--plot``, to PNG figures (:mod:`convlib.bench.plots`).
 ``python -m convlib.bench --help`` lists the options.
 
+``python -m convlib.bench thesis`` (:mod:`convlib.bench.thesis`) runs the oneAPI thesis' two
+experiments, kernel and whole-process time, beside its published tables (``bench/data/``).
+
 Other benchmarks, each a ``python -m`` command: :mod:`convlib.bench.gemm_check` (blis beside
 the same GEMM), :mod:`convlib.bench.sycl` (the SYCL backend against PyTorch and the CPU) and
 :mod:`convlib.bench.gpu_check` (the GPU machine's tests and benchmark in one command). Every
