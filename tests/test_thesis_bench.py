@@ -12,6 +12,10 @@ from convlib.core.problem import ConvProblem
 
 
 def test_thesis_tables_load_whole():
+    from importlib import resources
+
+    header = resources.files("convlib.bench").joinpath("data", thesis.THESIS_CSV).read_text().splitlines()[0]
+    assert header.split(",") == ["experiment", "device", "program", "N", "C", "K", "H", "W", "R", "S", "mean_time_s"]
     rows = thesis.load_thesis()
     assert len(rows) == 238
     assert {r.experiment for r in rows} == {"A", "B"}
