@@ -187,7 +187,8 @@ def memory_note(problem: ConvProblem, device: str, *, copies: int = 1) -> str | 
     available = available_memory_bytes()
     if available is None or need <= MEMORY_HEADROOM * available:
         return None
-    return (f"skipped: needs ~{need / 1e9:.1f} GB of arrays but {available / 1e9:.1f} GB are available")
+    return (f"skipped: needs ~{need / 1e9:.1f} GB of arrays, more than {MEMORY_HEADROOM:.0%} of the "
+            f"{available / 1e9:.1f} GB available")
 
 
 def process_script(problem: ConvProblem, device: str, algo: str) -> str:
