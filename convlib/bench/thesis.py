@@ -430,7 +430,8 @@ def plot(path: Path, experiment: str, device: str, measurements: list[Measuremen
         The PNG to write.
     experiment : {"A", "B"}
     device : str
-        convlib's device drawn; the thesis' figures are those of its own CPU, or its GPU for a GPU.
+        convlib's device drawn; the thesis' figures are those of its own CPU, or its GPU for a GPU;
+        beside a SYCL device that is a CPU, those of the thesis' GPU too (dotted).
     measurements : list of Measurement
     thesis : list of ThesisRow
     machine : dict
@@ -445,12 +446,19 @@ def plot(path: Path, experiment: str, device: str, measurements: list[Measuremen
     plt = _pyplot()
     sweep, xlabel = _sweep(experiment)
     theirs = _thesis_device(device)
+    # A SYCL device that is a CPU is compared with the thesis' CPU (solid); its SYCL programs also
+    # ran on its integrated GPU, drawn dotted beside them.
+    sides = [(theirs, "-", "")]
+    if device != "cpu" and theirs == "cpu":
+        sides.append(("gpu", ":", " on its GPU"))
     fig, ax = plt.subplots(figsize=(9, 5.6))
-    for program in THESIS_PROGRAMS:
-        pts = sorted((getattr(r, sweep), r.mean_time_s) for r in thesis if r.experiment == experiment
-                     and r.device == theirs and r.program == program and r.mean_time_s is not None)
-        if pts:
-            ax.plot(*zip(*pts), linewidth=1.2, label=f"thesis {program} (process)", **THESIS_STYLE[program])
+    for side, linestyle, where in sides:
+        for program in THESIS_PROGRAMS:
+            pts = sorted((getattr(r, sweep), r.mean_time_s) for r in thesis if r.experiment == experiment
+                         and r.device == side and r.program == program and r.mean_time_s is not None)
+            if pts:
+                ax.plot(*zip(*pts), linewidth=1.2, linestyle=linestyle, label=f"thesis {program}{where} (process)",
+                        **THESIS_STYLE[program])
     mine = [m for m in measurements if m.experiment == experiment and m.device == device and m.status == "ok"]
     for algo in dict.fromkeys(m.algo for m in mine):
         for measure, linestyle, fill in (("process", "-", None), ("kernel", "--", "none")):
@@ -471,8 +479,11 @@ def plot(path: Path, experiment: str, device: str, measurements: list[Measuremen
     cpu = machine.get("cpu", {})
     ours = f"{cpu.get('model') or 'unknown CPU'}, {cpu.get('usable_cpus')} CPUs, {machine.get('date', '')[:10]}"
     kind = "numba CPU" if device == "cpu" else f"SYCL {device}"
+    theirs_text = f"its {theirs.upper()}: {THESIS_MACHINES[theirs]}"
+    if len(sides) > 1:
+        theirs_text += f" (solid) and its GPU: {THESIS_MACHINES['gpu']} (dotted)"
     ax.set_title(f"Experiment {experiment}, float32 -- convlib {kind} on {ours}\n"
-                 f"vs the thesis on its {theirs.upper()}: {THESIS_MACHINES[theirs]}", fontsize=9)
+                 f"vs the thesis on {theirs_text}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
