@@ -213,6 +213,7 @@ TINY = {
     "direct": (("3x3 8>12 16^2", 1, 8, 16, 16, 12, 3, 3, 1, 1, 1),),
     "serial": (("3x3 2>2 8^2", 1, 2, 8, 8, 2, 3, 3, 1, 1, 1), ("3x3 2>2 64^2", 1, 2, 64, 64, 2, 3, 3, 1, 1, 1)),
     "winograd": (("3x3 8>8 12^2", 1, 8, 12, 12, 8, 3, 3, 1, 1, 1),),
+    "depthwise": (("dw 3x3/2 16 10^2", 1, 16, 10, 10, 16, 3, 3, 2, 1, 16),),
     "auto": (("dw 3x3 8 20^2", 1, 8, 20, 20, 8, 3, 3, 1, 1, 8), ("3x3 8>16 10^2", 1, 8, 10, 10, 16, 3, 3, 2, 1, 1)),
 }
 
@@ -224,7 +225,7 @@ def test_tune_writes_a_profile_that_the_next_process_uses(profile_env):
     assert KNOBS.profile() == result.knobs
     saved = cpu_profile.read_profile(result.path)
     assert saved["mode"] == "quick" and saved["machine"] == cpu_profile.machine_identity()
-    assert {"auto", "direct speeds", "winograd register tile"} <= set(saved["measurements"])
+    assert {"auto", "direct speeds", "winograd register tile", "depthwise ways"} <= set(saved["measurements"])
     assert "tuned in" in result.report()
     # A new process finds the same values through the knob table.
     shown = subprocess.run([sys.executable, "-m", "convlib.tune", "--show"], capture_output=True, text=True,
@@ -236,6 +237,27 @@ def test_tune_writes_a_profile_that_the_next_process_uses(profile_env):
                                       check=True).stdout)
     assert names == sorted(result.knobs)
     assert convlib.tune.forget() == result.path and not result.path.exists() and KNOBS.profile() == {}
+
+
+def test_depthwise_search_picks_among_its_candidates_and_stays_correct(profile_env, rng):
+    # A channel-blocked layer (K >= depthwise_channel_block_min_filters), one timed call per variant.
+    shape = ("dw 3x3 32 9^2", 1, 32, 9, 9, 32, 3, 3, 1, 1, 32)
+    ways, band = KNOBS.depthwise_channel_block_ways, KNOBS.depthwise_channel_block_bytes
+    tried_ways = search.depthwise_ways_candidates(ways, full=False)
+    tried_bands = {band, *(int(band * f) for f in search.DEPTHWISE_BAND_FACTORS["quick"])}
+    found = search.search_depthwise(search.Measurer(repeats=1, max_seconds=0.05), (shape,), full=False)
+    assert isinstance(found, search.Found)
+    assert set(found.knobs) <= {"depthwise_channel_block_ways", "depthwise_channel_block_bytes"}
+    assert found.knobs.get("depthwise_channel_block_ways", ways) in tried_ways
+    assert found.knobs.get("depthwise_channel_block_bytes", band) in tried_bands
+    assert {"depthwise ways", "depthwise band"} <= set(found.record) and len(found.lines) == 2
+    _, N, C, H, W, K, R, S, stride, pad, groups = shape
+    x = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    w = rng.standard_normal((K, C // groups, R, S)).astype(np.float32)
+    expected = conv2d_reference(x, w, None, stride=(stride, stride), padding=(pad,) * 4, groups=groups)
+    with KNOBS.override(**found.knobs):
+        got = convlib.conv2d(x, w, stride=stride, padding=pad, groups=groups, algo="depthwise", device="cpu")
+    assert relative_error(got, expected) < TOLERANCE["float32"]
 
 
 def test_tune_refuses_an_unknown_mode():

@@ -11,6 +11,8 @@ BLIS                        the cache block sizes KC and MC (NC and the register
 direct                      the relative speed of each register block (which its choice weighs
                             against padding waste), and below how many FLOPs it runs on one thread
 Winograd                    its GEMM's register tile and the chunk size of its three passes
+depthwise                   the channel-blocked way's band size and its output positions per
+                            step (the value in force and its double; 1, 2, 4, 8 in the full mode)
 ``auto``                    the thresholds of its rules (``auto_*`` knobs), fitted to the time of
                             every algorithm on 20-25 layers of ResNet-50, MobileNetV2, image
                             filters and few-channel images
@@ -103,7 +105,7 @@ def tune(mode: str = "quick", *, progress: bool = True, save: bool = True, path=
         ``$CONVLIB_CACHE_DIR/profiles/`` (or ``CONVLIB_PROFILE``).
     shape_sets : dict, optional
         Replace some shape sets of :mod:`convlib.tune.shapes` (keys ``"blis"``, ``"direct"``,
-        ``"serial"``, ``"winograd"``, ``"auto"``); for tests and experiments.
+        ``"serial"``, ``"winograd"``, ``"depthwise"``, ``"auto"``); for tests and experiments.
 
     Returns
     -------
@@ -122,7 +124,8 @@ def tune(mode: str = "quick", *, progress: bool = True, save: bool = True, path=
     full = mode == "full"
     sets = {
         "blis": shapes.BLIS_SHAPES, "direct": shapes.DIRECT_SHAPES, "serial": shapes.SERIAL_LADDER,
-        "winograd": shapes.WINOGRAD_SHAPES, "auto": shapes.AUTO_SHAPES if full else shapes.QUICK_AUTO,
+        "winograd": shapes.WINOGRAD_SHAPES, "depthwise": shapes.DEPTHWISE_SHAPES,
+        "auto": shapes.AUTO_SHAPES if full else shapes.QUICK_AUTO,
         **(shape_sets or {}),
     }
     started = time.perf_counter()
@@ -140,6 +143,7 @@ def tune(mode: str = "quick", *, progress: bool = True, save: bool = True, path=
         ("blis", lambda: search.search_blis(measurer, sets["blis"], full=full)),
         ("direct", lambda: search.search_direct(measurer, sets["direct"], sets["serial"])),
         ("winograd", lambda: search.search_winograd(measurer, sets["winograd"], full=full)),
+        ("depthwise", lambda: search.search_depthwise(measurer, sets["depthwise"], full=full)),
         ("auto", lambda: search.search_auto(measurer, sets["auto"])),
     )
     try:
@@ -182,9 +186,13 @@ def _planned_calls(sets: dict, measurer, full: bool) -> int:
     blis_tiles = len(set(search.BLIS_TILES[host_isa()]) | {(blis.MR, blis.NR)})
     blis_variants = (blis_tiles if full else 0) + 3 * (3 if full else 2)
     winograd_variants = len(set(search.WINOGRAD_TILES[host_isa()]) | {tile}) + (5 if full else 3)
+    ways = KNOBS.depthwise_channel_block_ways
+    depthwise_variants = (len(search.depthwise_ways_candidates(ways, full=full))
+                          + 1 + len(search.DEPTHWISE_BAND_FACTORS["full" if full else "quick"]))
     auto_variants = sum(len(registry.serving_algorithms("conv2d", "cpu", measurer.arrays(s)[0])) for s in sets["auto"])
     return per * (blis_variants * len(sets["blis"]) + len(direct_blockings("float32")) * len(sets["direct"])
-                  + 2 * len(sets["serial"]) + winograd_variants * len(sets["winograd"]) + auto_variants)
+                  + 2 * len(sets["serial"]) + winograd_variants * len(sets["winograd"])
+                  + depthwise_variants * len(sets["depthwise"]) + auto_variants)
 
 
 def show() -> str:

@@ -43,6 +43,16 @@ WINOGRAD_TILES = {
     "avx2": ((5, 16), (4, 16), (6, 16), (3, 24)),
 }
 
+#: Output positions per step tried for depthwise's channel-blocked way (independent chains of
+#: ``R*S`` vector FMAs; the kernel takes any count, the rest of a row one position at a time).
+#: Each is a key of the kernel's factory: a compile each (~13 s on two cores, cached on disk after),
+#: so the quick mode tries only the value in force and its double.
+DEPTHWISE_WAYS = (1, 2, 4, 8)
+
+#: Factors of the band budget ``depthwise_channel_block_bytes`` tried, per mode (a run-time value:
+#: no compile).
+DEPTHWISE_BAND_FACTORS = {"quick": (0.5, 2.0, 4.0), "full": (0.25, 0.5, 2.0, 4.0)}
+
 
 @dataclass
 class Found:
@@ -259,6 +269,52 @@ def search_winograd(measurer: Measurer, shapes, *, full: bool) -> Found:
     return found
 
 
+# -- depthwise ----------------------------------------------------------------------------------
+def depthwise_ways_candidates(current: int, *, full: bool) -> tuple[int, ...]:
+    """The output positions per step tried: :data:`DEPTHWISE_WAYS` in the full mode, else the
+    value in force and its double (one compile)."""
+    return tuple(sorted({*DEPTHWISE_WAYS, current} if full else {current, 2 * current}))
+
+
+def search_depthwise(measurer: Measurer, shapes, *, full: bool) -> Found:
+    """The channel-blocked depthwise way's output positions per step and band size (float32).
+
+    Parameters
+    ----------
+    measurer : Measurer
+    shapes : sequence of shape tuples
+        Depthwise layers (``groups == C``) with at least ``depthwise_channel_block_min_filters``
+        filters, so that ``algo="depthwise"`` takes the channel-blocked way.
+    full : bool
+        Try every value of :data:`DEPTHWISE_WAYS` and the wider factors of
+        :data:`DEPTHWISE_BAND_FACTORS`.
+
+    Returns
+    -------
+    Found
+        ``depthwise_channel_block_ways`` and ``depthwise_channel_block_bytes`` where they beat the
+        values in force.
+    """
+    found = Found()
+    ways = KNOBS.depthwise_channel_block_ways
+    candidates = {f"{v} ways": v for v in depthwise_ways_candidates(ways, full=full)}
+    label = _pick(measurer, shapes, "depthwise", "depthwise_channel_block_ways", candidates, f"{ways} ways", found,
+                  "depthwise ways")
+    chosen_ways = candidates[label]
+    if chosen_ways != ways:
+        found.knobs["depthwise_channel_block_ways"] = chosen_ways
+    band = KNOBS.depthwise_channel_block_bytes
+    factors = DEPTHWISE_BAND_FACTORS["full" if full else "quick"]
+    bands = {f"{band / 1024:g} KiB": band, **{f"{int(band * f) / 1024:g} KiB": int(band * f) for f in factors}}
+    # The band is sized for the positions per step chosen above: both are measured together.
+    with KNOBS.override(depthwise_channel_block_ways=chosen_ways):
+        label = _pick(measurer, shapes, "depthwise", "depthwise_channel_block_bytes", bands, f"{band / 1024:g} KiB",
+                      found, "depthwise band")
+    if bands[label] != band:
+        found.knobs["depthwise_channel_block_bytes"] = bands[label]
+    return found
+
+
 # -- auto ---------------------------------------------------------------------------------------
 #: The thresholds of auto's CPU rules and the values tried for each.
 AUTO_LADDERS = {
@@ -332,5 +388,5 @@ def cache_line() -> str:
             f"L3 {c['L3'] >> 20} MiB; blocks scaled from them: {_blocking_label(blis_blocking('float32'))}")
 
 
-__all__ = ["Measurer", "Found", "search_blis", "search_direct", "search_winograd", "search_auto",
-           "fit_auto_thresholds"]
+__all__ = ["Measurer", "Found", "search_blis", "search_direct", "search_winograd", "search_depthwise",
+           "search_auto", "fit_auto_thresholds"]

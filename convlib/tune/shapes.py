@@ -3,9 +3,10 @@
 Each is ``(name, N, C, H, W, K, R, S, stride, padding, groups)``, float32. The sets are small
 enough for the quick mode to finish in about two minutes on two cores, and cover what each knob
 is about: GEMM-shaped layers for the BLIS blocks, deep 3x3 layers for direct's register blocks
-and Winograd, and for ``auto``'s thresholds one of each kind of layer the rules tell apart
-(ResNet-50's, MobileNetV2's depthwise and pointwise, single-channel image filters at strides 1
-and 2, the seed thesis' few-channel images).
+and Winograd, MobileNetV2's depthwise layers for depthwise's channel blocks, and for ``auto``'s
+thresholds one of each kind of layer the rules tell apart (ResNet-50's, MobileNetV2's depthwise
+and pointwise, single-channel image filters at strides 1 and 2, the seed thesis' few-channel
+images).
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ WINOGRAD_SHAPES = (
     ("3x3 128>128 28^2", 2, 128, 28, 28, 128, 3, 3, 1, 1, 1),
     ("3x3 256>256 14^2", 2, 256, 14, 14, 256, 3, 3, 1, 1, 1),
     ("3x3 512>512 7^2", 4, 512, 7, 7, 512, 3, 3, 1, 1, 1),
+)
+
+#: MobileNetV2's depthwise layers (groups == C, 3x3) at strides 1 and 2, batch 1, for the band
+#: size and output positions per step of depthwise's channel-blocked way: its kernel is bound
+#: by memory, so a call takes 0.5-3 ms and the four shapes cost the quick mode about 6 s.
+DEPTHWISE_SHAPES = (
+    ("dw 3x3 144 56^2", 1, 144, 56, 56, 144, 3, 3, 1, 1, 144),
+    ("dw 3x3/2 144 56^2", 1, 144, 56, 56, 144, 3, 3, 2, 1, 144),
+    ("dw 3x3 192 28^2", 1, 192, 28, 28, 192, 3, 3, 1, 1, 192),
+    ("dw 3x3/2 576 14^2", 1, 576, 14, 14, 576, 3, 3, 2, 1, 576),
 )
 
 #: One of each kind of layer auto's rules tell apart.
