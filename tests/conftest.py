@@ -52,7 +52,10 @@ def groups_for(backend: str, algo: str, C: int) -> int:
 
 
 def all_pairs():
-    return [pytest.param(b, a, id=f"{b}-{a}") for _, b, a in registry.entries("conv2d")]
+    """Every registered ``(backend, algorithm)`` of conv2d, each implementation once (``winograd``
+    and ``winograd4`` are one object: only the first name is tested)."""
+    return [pytest.param(b, a, id=f"{b}-{a}") for b in registry.BACKENDS
+            for a in registry.distinct_algorithm_names(b)]
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The contract: every registered (backend, algorithm) gives the reference's answer.
 
-One test, parametrised over every pair in :func:`convlib.dispatch.registry.entries` and over awkward shapes,
+One test, parametrised over every registered pair (each implementation once) and over awkward shapes,
 both dtypes. Pairs that cannot serve a case must say so with ``NotImplementedError`` naming the
 algorithms that can; pairs whose backend is not installed here are skipped (their own test
 modules decide when that is a failure).

@@ -27,6 +27,7 @@ from convlib.testing import TOLERANCE, conv2d_reference_for, relative_error
 
 HAS_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
 ALGOS = ("direct", "im2col", "blis")
+WINOGRAD = ("winograd2", "winograd4")
 
 
 def _cuda_state() -> str:
@@ -64,11 +65,24 @@ GPU_CASES = {
     "huge-dilation-unstaged": (1, 2, 300, 300, 3, 3, 3, (1, 1), (0, 0, 0, 0), (140, 140), 1, True, "float32"),
     "filter-as-large-as-padded-input": (2, 2, 5, 4, 3, 5, 6, (1, 1), (0, 0, 1, 1), (1, 1), 1, True, "float64"),
 }
+# Winograd's shapes (3x3, stride 1): partial tiles at the bottom and right, asymmetric padding,
+# groups, bias, both dtypes.
+WINOGRAD_SIMULATOR_CASES = {
+    "wino-pad1-bias-partial-tiles": (2, 3, 7, 9, 4, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True, "float32"),
+    "wino-asympad-groups-f64": (1, 4, 6, 5, 6, 3, 3, (1, 1), (0, 2, 1, 0), (1, 1), 2, False, "float64"),
+}
+WINOGRAD_GPU_CASES = {
+    **WINOGRAD_SIMULATOR_CASES,
+    "wino-resnet-like": (4, 64, 28, 28, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True, "float32"),
+    "wino-odd-sizes-f64": (3, 20, 37, 45, 70, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True, "float64"),
+    "wino-unpadded-groups": (2, 16, 21, 19, 32, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1), 4, False, "float32"),
+}
 CASES = GPU_CASES if STATE == "gpu" else SIMULATOR_CASES
+WINOGRAD_CASES = WINOGRAD_GPU_CASES if STATE == "gpu" else WINOGRAD_SIMULATOR_CASES
 
 
 def make_problem(name) -> ConvProblem:
-    N, C, H, W, K, R, S, stride, padding, dilation, groups, bias, dtype = CASES[name]
+    N, C, H, W, K, R, S, stride, padding, dilation, groups, bias, dtype = {**CASES, **WINOGRAD_CASES}[name]
     return ConvProblem(N, C, H, W, K, R, S, stride, padding, dilation, groups, dtype, bias)
 
 
@@ -137,6 +151,47 @@ def test_im2col_engines(engine, poisoned_outputs):
 
 
 @needs_cuda
+@pytest.mark.parametrize("case", list(WINOGRAD_CASES))
+@pytest.mark.parametrize("algo", WINOGRAD)
+def test_winograd_matches_reference(algo, case, poisoned_outputs):
+    problem = make_problem(case)
+    x, w, b = random_inputs(problem, seed=len(case))
+    copies = [None if a is None else a.copy() for a in (x, w, b)]
+    y = call(problem, x, w, b, algo)
+    assert isinstance(y, np.ndarray) and y.shape == problem.y_shape and y.dtype == np.dtype(problem.dtype)
+    err = relative_error(y, conv2d_reference_for(problem, x, w, b))
+    assert err <= TOLERANCE[problem.dtype], f"cuda/{algo} {problem.describe()}: relative error {err:.3e}"
+    for original, copy in zip((x, w, b), copies):
+        assert original is None or np.array_equal(original, copy), "an input was modified"
+
+
+@needs_cuda
+@pytest.mark.parametrize("engine", ["own", "cublas"])
+def test_winograd_engines_and_chunks(engine, poisoned_outputs):
+    """Both GEMM engines, with one chunk per image (a workspace cap of one byte)."""
+    from convlib.cuda import im2col
+    from convlib.cuda.tables import KNOBS
+    from convlib.cuda.winograd import F2
+
+    if engine == "cublas" and (STATE != "gpu" or not im2col.cupy_available()):
+        pytest.skip("cuBLAS through CuPy needs a GPU and CuPy")
+    problem = make_problem("wino-pad1-bias-partial-tiles")
+    x, w, b = random_inputs(problem, seed=13)
+    with KNOBS.override(im2col_gemm=engine), convlib.option_context(workspace_cap=1):
+        assert F2.batch_chunk(problem) == 1
+        y = call(problem, x, w, b, "winograd2")
+    assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[problem.dtype]
+
+
+@needs_cuda
+def test_winograd_refuses_what_it_cannot_serve():
+    x, w = np.ones((1, 2, 9, 9), np.float32), np.ones((3, 2, 3, 3), np.float32)
+    with pytest.raises(NotImplementedError, match="stride 1"):
+        convlib.conv2d(x, w, stride=2, algo="winograd", device="cuda")
+    assert convlib.conv2d(x, w, stride=2, algo="auto", device="cuda").shape == (1, 3, 4, 4)
+
+
+@needs_cuda
 def test_blis_without_tap_table():
     """Reductions too long for the constant-memory tap table decode taps by division instead."""
     from convlib.cuda import gemm
@@ -163,7 +218,7 @@ def test_im2col_batch_chunks():
 
 
 @needs_cuda
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", ALGOS + WINOGRAD)
 def test_empty_batch(algo):
     y = convlib.conv2d(np.zeros((0, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32), algo=algo, device="cuda")
     assert isinstance(y, np.ndarray) and y.shape == (0, 3, 3, 3)
@@ -173,8 +228,8 @@ def test_empty_batch(algo):
 @needs_cuda
 def test_devices_and_algorithms():
     assert "cuda:0" in convlib.devices()
-    assert convlib.algorithms("cuda") == list(ALGOS)
-    assert convlib.algorithms("cuda:0") == list(ALGOS)
+    assert convlib.algorithms("cuda") == list(ALGOS) + ["winograd", *WINOGRAD]
+    assert convlib.algorithms("cuda:0") == list(ALGOS) + ["winograd", *WINOGRAD]
 
 
 @needs_cuda
@@ -249,18 +304,18 @@ def _torch_cuda():
 
 
 @needs_gpu
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", ALGOS + WINOGRAD)
 def test_cupy_in_cupy_out(algo):
     cupy = pytest.importorskip("cupy")
-    problem = make_problem("groups4-dilation2")
+    problem = make_problem("groups4-dilation2" if algo in ALGOS else "wino-unpadded-groups")
     x, w, b = random_inputs(problem, seed=7)
-    y = call(problem, cupy.asarray(x), cupy.asarray(w), cupy.asarray(b), algo, device=None)
+    y = call(problem, cupy.asarray(x), cupy.asarray(w), None if b is None else cupy.asarray(b), algo, device=None)
     assert isinstance(y, cupy.ndarray) and y.shape == problem.y_shape and y.dtype == np.float32
     assert relative_error(cupy.asnumpy(y), conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float32"]
 
 
 @needs_gpu
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", ALGOS + WINOGRAD)
 def test_torch_in_torch_out_on_a_side_stream(algo):
     torch = _torch_cuda()
     problem = make_problem("3x3-pad1-many-tiles")

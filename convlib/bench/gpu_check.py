@@ -10,7 +10,8 @@ Steps (each can be skipped):
 3. the test suite on the GPU: ``tests/test_cuda.py`` and the CUDA pairs of
    ``tests/test_contract.py`` (pytest-xdist workers when available);
 4. the benchmark, float32: the seed shape (N=8, C=K=4, 1024x1024, 3x3) and the distinct layers
-   of ResNet-50 v1.5 at batch 128 (:func:`convlib.bench.suites.resnet50`), each against cuDNN
+   of ResNet-50 v1.5 at batch 128 (:func:`convlib.bench.suites.resnet50`; Winograd on its 3x3
+   stride-1 layers, with cuBLAS and with our GEMM), each against cuDNN
    through PyTorch with TF32 off (the fair FP32 baseline) and on (for reference). Every result
    is checked against cuDNN in float64 first.
 
@@ -335,8 +336,10 @@ def run_bench(args, result: dict, save) -> None:
     cases = resnet50(batch=args.batch, quick=args.quick)
     result["resnet50"] = []
     for case in cases:
-        row = bench_case(case.label, case.problem, ("blis", "im2col-own", "im2col-cublas"), args.reps)
+        winograd = ("winograd2", "winograd4", "winograd4-own") if case.problem.is_winograd_shape else ()
+        row = bench_case(case.label, case.problem, ("blis", "im2col-own", "im2col-cublas") + winograd, args.reps)
         row["weight"] = case.weight
+        row["winograd_shape"] = case.problem.is_winograd_shape
         result["resnet50"].append(row)
         save()
     if args.tile_sweep:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 import statistics
 
-#: Our candidates in the tables, in column order (``im2col-own``: im2col with that GEMM engine).
-OUR_ALGOS = ("direct", "blis", "im2col-own", "im2col-cublas")
+#: Our candidates in the tables, in column order (``im2col-own``: im2col with that GEMM engine;
+#: Winograd's engine is chosen the same way, cuBLAS by default).
+OUR_ALGOS = ("direct", "blis", "im2col-own", "im2col-cublas", "winograd2", "winograd4", "winograd4-own")
 
 
 def _fmt(v, digits=3):
@@ -57,6 +58,7 @@ def resnet_table(rows) -> tuple[str, dict]:
     ]
     ratios = {n: [] for n in names}
     best_ratios = []
+    winograd_ratios = {n: [] for n in ("best ours", "winograd4", "winograd2")}
     for row in rows:
         res = row["results"]
         rate = {n: (row["gflop"] / res[n]["gpu_ms"] if res.get(n, {}).get("gpu_ms") else None) for n in names}
@@ -68,12 +70,21 @@ def resnet_table(rows) -> tuple[str, dict]:
         best = max(ours) / cudnn if ours and cudnn else None
         if best:
             best_ratios.append(best)
+        if row.get("winograd_shape") and cudnn:
+            winograd_ratios["best ours"].append(best)
+            for n in ("winograd4", "winograd2"):
+                if rate.get(n):
+                    winograd_ratios[n].append(rate[n] / cudnn)
         lines.append(f"| {row['label']} | {row['gflop']:.1f} | " + " | ".join(_fmt(rate[n]) for n in names)
                      + f" | {_fmt(best)} |")
     geo = {n: (math.exp(statistics.fmean(math.log(r) for r in v)) if v else None) for n, v in ratios.items()}
     geo["best ours"] = math.exp(statistics.fmean(math.log(r) for r in best_ratios)) if best_ratios else None
     lines.append("| **geometric mean of throughput / cuDNN FP32** | | " + " | ".join(_fmt(geo[n]) for n in names)
                  + f" | **{_fmt(geo['best ours'])}** |")
+    wino = {n: (math.exp(statistics.fmean(math.log(r) for r in v)) if v else None) for n, v in winograd_ratios.items()}
+    geo["3x3 stride 1"] = wino
+    lines.append("\n3x3 stride-1 layers, throughput / cuDNN FP32, geometric mean: "
+                 + ", ".join(f"{n} {_fmt(v)}" for n, v in wino.items()))
     return "\n".join(lines), geo
 
 

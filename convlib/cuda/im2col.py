@@ -137,7 +137,7 @@ def _cublas_chunk(problem, w, columns, y_chunk, images, target):
     import cupy
 
     G, M, KK, PQ = problem.groups, problem.gemm_m, problem.gemm_k, problem.P * problem.Q
-    with cupy.cuda.Device(target.ordinal), _cupy_stream(cupy, target):
+    with cupy.cuda.Device(target.ordinal), cupy_stream(cupy, target):
         a = cupy.asarray(w).reshape(G, M, KK)
         b = cupy.asarray(columns).reshape(images, G, KK, PQ)
         out = cupy.asarray(y_chunk).reshape(images, G, M, PQ)
@@ -146,7 +146,8 @@ def _cublas_chunk(problem, w, columns, y_chunk, images, target):
         cupy.matmul(a, b, out=out)
 
 
-def _cupy_stream(cupy, target):
+def cupy_stream(cupy, target):
+    """The CuPy stream object of ``target``'s stream (CuPy's null stream for the legacy default)."""
     handle = target.stream_handle
     return cupy.cuda.Stream.null if handle == 0 else cupy.cuda.ExternalStream(handle)
 

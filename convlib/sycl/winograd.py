@@ -55,6 +55,7 @@ import numpy as np
 
 from ..core.problem import ConvProblem
 from ..core.winograd_math import WinogradTile, transform_matrices
+from ..core.winograd_source import TransformSource, indent
 from . import im2col, runtime
 from .exact import repair_nonfinite
 from .launch import fused_multiply_add, launch, register_block
@@ -63,67 +64,13 @@ from .tables import KNOBS, blocking_for
 
 
 # -- generated straight-line transforms ---------------------------------------------------------
-class _Source:
-    """Collects generated source lines and the typed constants they use."""
-
-    def __init__(self, dtype: str):
-        self.lines: list[str] = []
-        self.constants: dict[str, object] = {}
-        self._names: dict[float, str] = {}
-        self.scalar = np.dtype(dtype).type
-
-    def constant(self, value: float) -> str:
-        # A named global of the working dtype: a bare Python float (or int) would promote a
-        # float32 expression to float64 in numba's typing.
-        value = float(value)
-        if value not in self._names:
-            self._names[value] = f"K{len(self._names)}"
-            self.constants[self._names[value]] = self.scalar(value)
-        return self._names[value]
-
-    def combination(self, target: str, coefficients, names) -> None:
-        """``target = sum_j coefficients[j] * names[j]``, zero terms dropped, +-1 as additions."""
-        plus = [n for c, n in zip(coefficients, names) if c == 1]
-        minus = [n for c, n in zip(coefficients, names) if c == -1]
-        scaled = [(c, n) for c, n in zip(coefficients, names) if c not in (0, 1, -1)]
-        if plus:
-            expr = " + ".join(plus)
-            if minus:
-                expr += " - " + " - ".join(minus)
-        elif minus:
-            expr = "-" + " - ".join(minus)
-        elif scaled:
-            c, n = scaled.pop(0)
-            expr = f"{self.constant(c)} * {n}"
-        else:
-            expr = self.constant(0.0)
-        for c, n in scaled:
-            expr = f"fma({self.constant(c)}, {n}, {expr})"
-        self.lines.append(f"{target} = {expr}")
-
-
-def _two_sided(src: _Source, left: np.ndarray, right_t: np.ndarray, name_in, name_tmp, name_out) -> None:
-    """``out = left @ in @ right_t.T`` on named scalars, as two 1-D passes (columns, then rows)."""
-    rows_in, cols_in = left.shape[1], right_t.shape[1]
-    for i in range(left.shape[0]):
-        for j in range(cols_in):
-            src.combination(name_tmp(i, j), left[i], [name_in(k, j) for k in range(rows_in)])
-    for i in range(left.shape[0]):
-        for l in range(right_t.shape[0]):
-            src.combination(name_out(i, l), right_t[l], [name_tmp(i, j) for j in range(cols_in)])
-
-
-def _indent(lines, depth: int) -> str:
-    return "\n".join(" " * (4 * depth) + line for line in lines)
-
-
 def render_filter_transform(m: int, dtype: str) -> tuple[str, dict]:
     """Source and constants of the filter-transform kernel ``winograd_filter_transform``."""
     t = transform_matrices(m)
     a = t.alpha
-    src = _Source(dtype)
+    src = TransformSource(dtype)
     src.lines += [f"g{r}_{s} = w[k, c, {r}, {s}]" for r in range(3) for s in range(3)]
-    _two_sided(src, t.G, t.G, lambda r, s: f"g{r}_{s}", lambda i, s: f"h{i}_{s}", lambda i, j: f"u{i}_{j}")
+    src.two_sided(t.G, t.G, lambda r, s: f"g{r}_{s}", lambda i, s: f"h{i}_{s}", lambda i, j: f"u{i}_{j}")
     src.lines += [f"U[{i * a + j}, k, c] = u{i}_{j}" for i in range(a) for j in range(a)]
     text = f'''
 def winograd_filter_transform(
@@ -134,7 +81,7 @@ def winograd_filter_transform(
     k = nd.get_global_id(0)
     c = nd.get_global_id(1)
     if k < w.shape[0] and c < w.shape[1]:
-{_indent(src.lines, 2)}
+{indent(src.lines, 2)}
 '''
     return text, src.constants
 
@@ -143,9 +90,9 @@ def render_input_transform(m: int, dtype: str) -> tuple[str, dict]:
     """Source and constants of the input-transform kernel ``winograd_input_transform``."""
     t = transform_matrices(m)
     a = t.alpha
-    src = _Source(dtype)
+    src = TransformSource(dtype)
     src.lines += [f"d{i}_{j} = xp[n, c, h0 + {i}, w0 + {j}]" for i in range(a) for j in range(a)]
-    _two_sided(src, t.BT, t.BT, lambda i, j: f"d{i}_{j}", lambda i, j: f"e{i}_{j}", lambda i, j: f"v{i}_{j}")
+    src.two_sided(t.BT, t.BT, lambda i, j: f"d{i}_{j}", lambda i, j: f"e{i}_{j}", lambda i, j: f"v{i}_{j}")
     src.lines += [f"V[{i * a + j}, c, tile] = v{i}_{j}" for i in range(a) for j in range(a)]
     text = f'''
 def winograd_input_transform(
@@ -165,7 +112,7 @@ def winograd_input_transform(
         tx = rest - ty * tiles_w
         h0 = ty * {m}
         w0 = tx * {m}
-{_indent(src.lines, 2)}
+{indent(src.lines, 2)}
 '''
     return text, src.constants
 
@@ -177,9 +124,9 @@ def render_output_transform(m: int, dtype: str, guarded: bool = True) -> tuple[s
     """
     t = transform_matrices(m)
     a = t.alpha
-    src = _Source(dtype)
+    src = TransformSource(dtype)
     src.lines += [f"s{i}_{j} = M[{i * a + j}, k, tile]" for i in range(a) for j in range(a)]
-    _two_sided(src, t.AT, t.AT, lambda i, j: f"s{i}_{j}", lambda i, j: f"r{i}_{j}", lambda i, j: f"o{i}_{j}")
+    src.two_sided(t.AT, t.AT, lambda i, j: f"s{i}_{j}", lambda i, j: f"r{i}_{j}", lambda i, j: f"o{i}_{j}")
     if not guarded:
         # Every tile of the chunk, the whole ones storing without per-output tests (5x faster
         # than testing each store, which makes them masked scatters; a branch between the two
@@ -231,8 +178,8 @@ def winograd_output_transform(
         p0 = ty * {m}
         q0 = tx * {m}
         b = bias[k]
-{_indent(src.lines, 2)}
-{_indent(stores, 2)}
+{indent(src.lines, 2)}
+{indent(stores, 2)}
 '''
     return text, src.constants
 

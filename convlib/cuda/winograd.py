@@ -1,0 +1,350 @@
+"""Winograd F(2x2,3x3) and F(4x4,3x3) on the GPU: three transform kernels and a batched GEMM.
+
+The method (Lavin & Gray 2015; matrices from :mod:`convlib.core.winograd_math`), ``alpha = m + 2``,
+the steps of the CPU and SYCL versions:
+
+1. **Filter transform**, once per call, one thread per ``(k, c)``:
+   ``U[pos, k, c] = (G w[k, c] G^T)[pos]`` for the ``alpha**2`` tile positions, computed in
+   float64 and rounded once (as on the CPU: ``G`` of F(4x4) holds 1/6, 1/12 and 1/24).
+2. Then per chunk of whole images (the batch cut so that one chunk's ``V + M`` stays under
+   ``convlib.options.workspace_cap``, at least one image):
+
+   a. **Input transform**, one thread per ``(c, tile)``, consecutive threads on consecutive
+      tiles: ``V[pos, c, t] = (B^T d_t B)[pos]`` for the ``alpha x alpha`` tile ``d_t`` read
+      straight from ``x``, zero outside the image (a predicated load: no padded copy).
+   b. **Batched GEMM** over the tile positions and groups:
+      ``M[pos, g] (Kg x T) = U[pos, g] (Kg x Cg) @ V[pos, g] (Cg x T)``, ``T`` the chunk's
+      tiles. Engines as im2col's (the ``im2col_gemm`` knob): cuBLAS through CuPy (one strided
+      batched SGEMM/DGEMM, FP32 exact: CuPy leaves TF32 off), or our tiled GEMM
+      (:func:`convlib.cuda.gemm.gemm_kernel`) in one launch, the ``alpha**2 * groups`` products
+      as its groups.
+   c. **Output transform**, one thread per ``(k, tile)``: ``y = A^T M_t A + bias``, storing only
+      the outputs inside ``y`` (partial tiles at the bottom and right edges).
+
+3. **Non-finite outputs** are recomputed by the definition, as on the CPU and SYCL
+   (:mod:`convlib.cpu.exact` says why that suffices): an ``inf`` input spreads over its whole tile
+   as ``inf - inf = NaN``, and an intermediate may overflow where direct does not. One pass over
+   ``y`` tests every output and recomputes the non-finite ones (costs one read of ``y``).
+
+The 1-D transforms are generated as straight-line source (:mod:`convlib.core.winograd_source`),
+so every product the matrices do not need is gone.
+
+Workspace: ``U`` (the filters' size times ``alpha**2 / 9``) plus one chunk's ``V`` and ``M``.
+
+Compile cost: the transforms are compiled per ``(m, dtype, shape without the batch)`` (every size
+is a compile-time constant, so index arithmetic is by constants); our GEMM per chunk size.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+import numpy as np
+
+from ..core.options import options
+from ..core.problem import ConvProblem
+from ..core.winograd_math import WinogradTile, transform_matrices
+from ..core.winograd_source import TransformSource
+from .codegen import compile_kernel, indent, unsigned_constants
+from .gemm import COLUMNS, gemm_kernel, gemm_launch_shape, shape_key
+from .im2col import cupy_stream, resolved_engine
+from .launch import MAX_GRID_Y, flat, placeholder_bias
+from .tables import KNOBS
+from .tiles import choose_gemm_tile
+
+
+def _threads(simulator: bool) -> int:
+    return KNOBS.simulator_elementwise_threads if simulator else KNOBS.elementwise_threads
+
+
+# -- generated kernels ------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def filter_transform_kernel(m: int, dtype: str, simulator: bool):
+    """``kernel(w, u)``: ``u[pos * K*Cg + k*Cg + c] = (G w[k, c] G^T)[pos]`` (flat arrays).
+
+    One thread per filter ``(k, c)``, ``K*Cg`` of them (passed as ``count``).
+    """
+    t = transform_matrices(m)
+    a = t.alpha
+    src = TransformSource("float64", fma="cuda.fma")
+    src.lines += [f"g{r}_{s} = f64(w[base + U({3 * r + s})])" for r in range(3) for s in range(3)]
+    src.two_sided(t.G, t.G, lambda r, s: f"g{r}_{s}", lambda i, s: f"h{i}_{s}", lambda i, j: f"v{i}_{j}")
+    src.lines += [f"u[U({i * a + j}) * count + i] = cast(v{i}_{j})" for i in range(a) for j in range(a)]
+    source = f'''
+def winograd_filter(w, u, count_arg):
+    # IN w (K*Cg*9), OUT u (alpha**2 * K*Cg)
+    i = U(cuda.grid(1))
+    count = U(count_arg)
+    if i < count:
+        base = i * U(9)
+{indent(src.lines, 2)}
+'''
+    namespace = dict(src.constants, f64=_numba_type("float64"), cast=_numba_type(dtype))
+    return compile_kernel(source, "winograd_filter", namespace, simulator=simulator)
+
+
+@functools.lru_cache(maxsize=None)
+def input_transform_kernel(m: int, key: ConvProblem, simulator: bool):
+    """``kernel(x, v, n0, tiles)``: ``v[pos, c, t] = (B^T d_t B)[pos]`` for the ``tiles`` tiles of
+    images ``n0 ..`` (flat arrays; tile ``t = (n * tiles_h + ty) * tiles_w + tx``).
+
+    One thread per ``(c, t)``, ``t`` fastest.
+    """
+    t = transform_matrices(m)
+    a = t.alpha
+    src = TransformSource(key.dtype, fma="cuda.fma")
+    for i in range(a):
+        src.lines.append(f"row = h0 + I({i})")
+        src.lines.append("row_ok = U(row) < H")
+        src.lines.append("row_base = plane + row * W_SIGNED")
+        for j in range(a):
+            src.lines.append(
+                f"d{i}_{j} = x[U(row_base + w0 + I({j}))] if row_ok and U(w0 + I({j})) < W else zero"
+            )
+    src.two_sided(t.BT, t.BT, lambda i, j: f"d{i}_{j}", lambda i, j: f"e{i}_{j}", lambda i, j: f"v{i}_{j}")
+    src.lines += [f"v[U({i * a + j}) * CT + out] = v{i}_{j}" for i in range(a) for j in range(a)]
+    source = f'''
+def winograd_input(x, v, n0, tiles_arg):
+    # IN x (N*C*H*W), OUT v (alpha**2 * C * tiles)
+    i = U(cuda.grid(1))
+    tiles = U(tiles_arg)
+    CT = C * tiles
+    if i < CT:
+        c = i // tiles
+        t = i - c * tiles
+        n = t // TILES_PER_IMAGE
+        rest = t - n * TILES_PER_IMAGE
+        ty = rest // TILES_W
+        tx = rest - ty * TILES_W
+        h0 = I(ty * M_TILE) - TOP
+        w0 = I(tx * M_TILE) - LEFT
+        plane = I(((U(n0) + n) * C + c) * HW)
+        out = i
+{indent(src.lines, 2)}
+'''
+    tiles_h, tiles_w = -(-key.P // m), -(-key.Q // m)
+    namespace = unsigned_constants(
+        C=key.C, H=key.H, W=key.W, HW=key.H * key.W, TILES_PER_IMAGE=tiles_h * tiles_w,
+        TILES_W=tiles_w, M_TILE=m,
+    )
+    namespace.update(src.constants, TOP=np.int64(key.pad_top), LEFT=np.int64(key.pad_left),
+                     W_SIGNED=np.int64(key.W), zero=np.dtype(key.dtype).type(0))
+    return compile_kernel(source, "winograd_input", namespace, simulator=simulator)
+
+
+@functools.lru_cache(maxsize=None)
+def output_transform_kernel(m: int, key: ConvProblem, simulator: bool):
+    """``kernel(mm, bias, y, n0, tiles)``: ``y[n0 + n, k, tile] = A^T M_t A + bias[k]`` for the
+    ``tiles`` tiles of the chunk (flat arrays), only the outputs inside ``y``.
+
+    One thread per ``(k, t)``, ``t`` fastest.
+    """
+    t = transform_matrices(m)
+    a = t.alpha
+    src = TransformSource(key.dtype, fma="cuda.fma")
+    src.lines += [f"s{i}_{j} = mm[U({i * a + j}) * KT + i_kt]" for i in range(a) for j in range(a)]
+    src.two_sided(t.AT, t.AT, lambda i, j: f"s{i}_{j}", lambda i, j: f"r{i}_{j}", lambda i, j: f"o{i}_{j}")
+    partial_rows, partial_cols = key.P % m != 0, key.Q % m != 0
+    stores = []
+    for i in range(m):
+        row_guard = [f"p0 + U({i}) < P"] if partial_rows else []
+        for j in range(m):
+            guard = row_guard + ([f"q0 + U({j}) < Q"] if partial_cols else [])
+            store = f"y[dst + U({i * key.Q + j})] = o{i}_{j} + b"
+            stores += [f"if {' and '.join(guard)}:", f"    {store}"] if guard else [store]
+    bias = "bias[k]" if key.has_bias else "zero"
+    source = f'''
+def winograd_output(mm, bias, y, n0, tiles_arg):
+    # IN mm (alpha**2 * K * tiles), IN bias (K,), OUT y (N*K*P*Q)
+    i_kt = U(cuda.grid(1))
+    tiles = U(tiles_arg)
+    KT = K * tiles
+    if i_kt < KT:
+        k = i_kt // tiles
+        t = i_kt - k * tiles
+        n = t // TILES_PER_IMAGE
+        rest = t - n * TILES_PER_IMAGE
+        ty = rest // TILES_W
+        tx = rest - ty * TILES_W
+        p0 = ty * M_TILE
+        q0 = tx * M_TILE
+        dst = ((U(n0) + n) * K + k) * PQ + p0 * Q + q0
+        b = {bias}
+{indent(src.lines, 2)}
+{indent(stores, 2)}
+'''
+    tiles_h, tiles_w = -(-key.P // m), -(-key.Q // m)
+    namespace = unsigned_constants(
+        K=key.K, P=key.P, Q=key.Q, PQ=key.P * key.Q, TILES_PER_IMAGE=tiles_h * tiles_w,
+        TILES_W=tiles_w, M_TILE=m,
+    )
+    namespace.update(src.constants, zero=np.dtype(key.dtype).type(0))
+    return compile_kernel(source, "winograd_output", namespace, simulator=simulator)
+
+
+@functools.lru_cache(maxsize=None)
+def repair_kernel(key: ConvProblem, simulator: bool):
+    """``kernel(x, w, bias, y, count)``: every non-finite output among the first ``count`` of the
+    flat ``y`` recomputed by the definition (zero padding included: ``0 * inf`` is NaN there too).
+
+    One thread per output; a finite output costs one load.
+    """
+    bias = "bias[k]" if key.has_bias else "zero"
+    source = f'''
+def winograd_repair(x, w, bias, y, count):
+    # IN x (N*C*H*W), IN w (K*Cg*R*S), IN bias (K,), INOUT y (N*K*P*Q)
+    e = U(cuda.grid(1))
+    if e < U(count):
+        value = y[e]
+        if not (value - value == zero):
+            n = e // KPQ
+            rest = e - n * KPQ
+            k = rest // PQ
+            pq = rest - k * PQ
+            p = pq // Q
+            q = pq - p * Q
+            g = k // KG
+            acc = {bias}
+            for c in range(CG):
+                plane = ((n * C + g * CG + U(c)) * H) * W
+                for r in range(R):
+                    ih = I(p * SH + U(r) * DH) - TOP
+                    for s in range(S):
+                        iw = I(q * SW + U(s) * DW) - LEFT
+                        inside = U(ih) < H and U(iw) < W
+                        xv = x[plane + U(ih) * W + U(iw)] if inside else zero
+                        acc += xv * w[((k * CG + U(c)) * R + U(r)) * S + U(s)]
+            y[e] = acc
+'''
+    namespace = unsigned_constants(
+        KPQ=key.K * key.P * key.Q, PQ=key.P * key.Q, Q=key.Q, KG=key.K_per_group, CG=key.C_per_group,
+        C=key.C, H=key.H, W=key.W, R=key.R, S=key.S, SH=key.stride[0], SW=key.stride[1],
+        DH=key.dilation[0], DW=key.dilation[1],
+    )
+    namespace.update(TOP=np.int64(key.pad_top), LEFT=np.int64(key.pad_left), zero=np.dtype(key.dtype).type(0))
+    return compile_kernel(source, "winograd_repair", namespace, simulator=simulator)
+
+
+def _numba_type(dtype: str):
+    import numba
+
+    return getattr(numba, dtype)
+
+
+# -- the algorithm objects --------------------------------------------------------------------------
+class WinogradAlgorithm(WinogradTile):
+    """Winograd F(m x m, 3 x 3) on an NVIDIA GPU; an implementation (:mod:`convlib.core.contracts`).
+
+    Parameters
+    ----------
+    m : int
+        Output tile size: 2 (F(2x2,3x3), alpha = 4) or 4 (F(4x4,3x3), alpha = 6).
+    """
+
+    def __repr__(self) -> str:
+        return f"<convlib.cuda.winograd {self.title}>"
+
+    def supports(self, problem: ConvProblem) -> str | None:
+        reason = super().supports(problem)
+        if reason is None and self.alpha**2 * problem.groups > MAX_GRID_Y:
+            return (f"{self.title} runs {self.alpha**2} GEMMs per group; {problem.groups} groups exceed "
+                    f"the {MAX_GRID_Y} one launch can address (direct serves them)")
+        return reason
+
+    def tiles(self, problem: ConvProblem) -> tuple[int, int]:
+        """Tile rows and columns per image: ``ceil(P / m)``, ``ceil(Q / m)``."""
+        return -(-problem.P // self.m), -(-problem.Q // self.m)
+
+    def image_bytes(self, problem: ConvProblem) -> int:
+        """One image's share of ``V`` and ``M``."""
+        tiles_h, tiles_w = self.tiles(problem)
+        return self.alpha**2 * (problem.C + problem.K) * tiles_h * tiles_w * problem.itemsize
+
+    def batch_chunk(self, problem: ConvProblem, cap_bytes: int | None = None) -> int:
+        """Images per chunk so that one chunk's ``V`` and ``M`` fit ``cap_bytes``
+        (``convlib.options.workspace_cap`` by default); at least one."""
+        cap_bytes = options.workspace_cap if cap_bytes is None else cap_bytes
+        return max(1, min(problem.N, cap_bytes // max(self.image_bytes(problem), 1)))
+
+    def workspace_bytes(self, problem: ConvProblem, device=None) -> int:
+        """``U`` plus one chunk's ``V`` and ``M`` (see :meth:`batch_chunk`)."""
+        filters = self.alpha**2 * problem.K * problem.C_per_group * problem.itemsize
+        return filters + self.batch_chunk(problem) * self.image_bytes(problem)
+
+    def run(self, problem: ConvProblem, x, w, bias, device):
+        """Winograd convolution of device arrays (the contract of :mod:`convlib.core.contracts`)."""
+        target, p, m, a2 = device, problem, self.m, self.alpha**2
+        simulator, stream = device.simulator, device.stream
+        threads = _threads(simulator)
+        with target.activate():
+            y = target.empty(p.y_shape, p.dtype)
+            key = shape_key(p)
+            G, Kg, Cg = p.groups, p.K_per_group, p.C_per_group
+            u = target.empty((a2 * p.K * Cg,), p.dtype)
+            filters = p.K * Cg
+            filter_transform_kernel(m, p.dtype, simulator)[-(-filters // threads), threads, stream](flat(w), u, filters)
+
+            tiles_h, tiles_w = self.tiles(p)
+            per_image = tiles_h * tiles_w
+            chunk = self.batch_chunk(p)
+            v_buf = target.empty((a2 * p.C * chunk * per_image,), p.dtype)
+            m_buf = target.empty((a2 * p.K * chunk * per_image,), p.dtype)
+            forward = input_transform_kernel(m, key, simulator)
+            backward = output_transform_kernel(m, key, simulator)
+            b = bias if bias is not None else placeholder_bias(p.dtype, target)
+            engine = resolved_engine(simulator)
+            xf, yf = flat(x), flat(y)
+            for n0 in range(0, p.N, chunk):
+                images = min(chunk, p.N - n0)
+                tiles = images * per_image
+                v, mm = v_buf[: a2 * p.C * tiles], m_buf[: a2 * p.K * tiles]
+                forward[-(-(p.C * tiles) // threads), threads, stream](xf, v, n0, tiles)
+                if engine == "cublas":
+                    _cublas_products(a2 * G, Kg, Cg, tiles, u, v, mm, target)
+                else:
+                    gemm, grid, block = _own_gemm(p, a2, tiles, target.multiprocessors, simulator)
+                    gemm[grid, block, stream](v, u, placeholder_bias(p.dtype, target), mm, 1)
+                backward[-(-(p.K * tiles) // threads), threads, stream](mm, b, yf, n0, tiles)
+            outputs = y.size
+            repair_kernel(key, simulator)[-(-outputs // threads), threads, stream](xf, flat(w), b, yf, outputs)
+        return y
+
+
+def _products_problem(problem: ConvProblem, a2: int, tiles: int) -> ConvProblem:
+    """The batched GEMM ``M = U @ V`` dressed as a 1x1 convolution our GEMM kernel serves: one
+    "image" of ``alpha**2 * C`` channels by ``tiles`` pixels, ``alpha**2 * groups`` groups, so the
+    kernel's per-group filter, column and output offsets land on ``U[pos, g]``, ``V[pos, g]`` and
+    ``M[pos, g]``."""
+    return replace(
+        problem, N=1, C=a2 * problem.C, H=1, W=tiles, K=a2 * problem.K, R=1, S=1, stride=(1, 1),
+        padding=(0, 0, 0, 0), dilation=(1, 1), groups=a2 * problem.groups, has_bias=False,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _own_gemm(problem: ConvProblem, a2: int, tiles: int, multiprocessors: int, simulator: bool):
+    products = _products_problem(problem, a2, tiles)
+    tile = choose_gemm_tile(products, multiprocessors, simulator)
+    kernel = gemm_kernel(shape_key(products), tile, COLUMNS, simulator)
+    grid, block = gemm_launch_shape(products, tile, 1)
+    return kernel, grid, block
+
+
+def _cublas_products(batch: int, rows: int, depth: int, tiles: int, u, v, mm, target) -> None:
+    """``M[b] = U[b] @ V[b]`` for ``batch`` products of ``rows x depth`` by ``depth x tiles``
+    (one strided batched cuBLAS GEMM through CuPy)."""
+    import cupy
+
+    with cupy.cuda.Device(target.ordinal), cupy_stream(cupy, target):
+        cupy.matmul(
+            cupy.asarray(u).reshape(batch, rows, depth),
+            cupy.asarray(v).reshape(batch, depth, tiles),
+            out=cupy.asarray(mm).reshape(batch, rows, tiles),
+        )
+
+
+#: F(2x2,3x3): 16 tile positions, 2.25x fewer multiplications than direct.
+F2 = WinogradAlgorithm(2)
+#: F(4x4,3x3): 36 tile positions, 4x fewer multiplications than direct.
+F4 = WinogradAlgorithm(4)
