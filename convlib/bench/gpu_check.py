@@ -252,7 +252,9 @@ class _poisoned_allocations:
         def nan_empty(target, shape, dtype):
             arr = plain(target, shape, dtype)
             owner = getattr(arr, "convlib_owner", None)
-            if owner is not None:
+            if np.dtype(dtype).kind != "f":
+                pass  # integer workspaces (flags) hold no result
+            elif owner is not None:
                 (owner.fill_ if hasattr(owner, "fill_") else owner.fill)(float("nan"))
             elif arr.size:
                 arr.copy_to_device(np.full(arr.shape, np.nan, dtype=dtype))

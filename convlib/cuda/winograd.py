@@ -19,12 +19,15 @@ the steps of the CPU and SYCL versions:
       (:func:`convlib.cuda.gemm.gemm_kernel`) in one launch, the ``alpha**2 * groups`` products
       as its groups.
    c. **Output transform**, one thread per ``(k, tile)``: ``y = A^T M_t A + bias``, storing only
-      the outputs inside ``y`` (partial tiles at the bottom and right edges).
+      the outputs inside ``y`` (partial tiles at the bottom and right edges), each output row of
+      a warp's tiles staged in shared memory so that the stores are coalesced.
 
 3. **Non-finite outputs** are recomputed by the definition, as on the CPU and SYCL
    (:mod:`convlib.cpu.exact` says why that suffices): an ``inf`` input spreads over its whole tile
-   as ``inf - inf = NaN``, and an intermediate may overflow where direct does not. One pass over
-   ``y`` tests every output and recomputes the non-finite ones (costs one read of ``y``).
+   as ``inf - inf = NaN``, and an intermediate may overflow where direct does not. The output
+   transform raises a flag on the device when it stores a non-finite value; a last small launch
+   reads the flag and, only when it is raised, tests every output and recomputes the non-finite
+   ones. (Testing every output unconditionally cost 10% of the layer: one more read of ``y``.)
 
 The 1-D transforms are generated as straight-line source (:mod:`convlib.core.winograd_source`),
 so every product the matrices do not need is gone.
@@ -61,9 +64,10 @@ def _threads(simulator: bool) -> int:
 # -- generated kernels ------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
 def filter_transform_kernel(m: int, dtype: str, simulator: bool):
-    """``kernel(w, u)``: ``u[pos * K*Cg + k*Cg + c] = (G w[k, c] G^T)[pos]`` (flat arrays).
+    """``kernel(w, u, flag, count)``: ``u[pos * K*Cg + k*Cg + c] = (G w[k, c] G^T)[pos]`` (flat
+    arrays), and ``flag[0] = 0`` (the output transform raises it on a non-finite output).
 
-    One thread per filter ``(k, c)``, ``K*Cg`` of them (passed as ``count``).
+    One thread per filter ``(k, c)``, ``count = K*Cg`` of them.
     """
     t = transform_matrices(m)
     a = t.alpha
@@ -72,10 +76,12 @@ def filter_transform_kernel(m: int, dtype: str, simulator: bool):
     src.two_sided(t.G, t.G, lambda r, s: f"g{r}_{s}", lambda i, s: f"h{i}_{s}", lambda i, j: f"v{i}_{j}")
     src.lines += [f"u[U({i * a + j}) * count + i] = cast(v{i}_{j})" for i in range(a) for j in range(a)]
     source = f'''
-def winograd_filter(w, u, count_arg):
-    # IN w (K*Cg*9), OUT u (alpha**2 * K*Cg)
+def winograd_filter(w, u, flag, count_arg):
+    # IN w (K*Cg*9), OUT u (alpha**2 * K*Cg), OUT flag (1,)
     i = U(cuda.grid(1))
     count = U(count_arg)
+    if i == U(0):
+        flag[0] = 0
     if i < count:
         base = i * U(9)
 {indent(src.lines, 2)}
@@ -85,11 +91,12 @@ def winograd_filter(w, u, count_arg):
 
 
 @functools.lru_cache(maxsize=None)
-def input_transform_kernel(m: int, key: ConvProblem, simulator: bool):
+def input_transform_kernel(m: int, key: ConvProblem, simulator: bool, threads: int):
     """``kernel(x, v, n0, tiles)``: ``v[pos, c, t] = (B^T d_t B)[pos]`` for the ``tiles`` tiles of
     images ``n0 ..`` (flat arrays; tile ``t = (n * tiles_h + ty) * tiles_w + tx``).
 
-    One thread per ``(c, t)``, ``t`` fastest.
+    Grid ``(tiles / threads, C)``: the channel is uniform per block and the tile decodes by
+    compile-time divisors; consecutive threads take consecutive tiles (coalesced stores).
     """
     t = transform_matrices(m)
     a = t.alpha
@@ -107,12 +114,11 @@ def input_transform_kernel(m: int, key: ConvProblem, simulator: bool):
     source = f'''
 def winograd_input(x, v, n0, tiles_arg):
     # IN x (N*C*H*W), OUT v (alpha**2 * C * tiles)
-    i = U(cuda.grid(1))
+    t = U(cuda.blockIdx.x) * THREADS + U(cuda.threadIdx.x)
+    c = U(cuda.blockIdx.y)
     tiles = U(tiles_arg)
-    CT = C * tiles
-    if i < CT:
-        c = i // tiles
-        t = i - c * tiles
+    if t < tiles:
+        CT = C * tiles
         n = t // TILES_PER_IMAGE
         rest = t - n * TILES_PER_IMAGE
         ty = rest // TILES_W
@@ -120,13 +126,13 @@ def winograd_input(x, v, n0, tiles_arg):
         h0 = I(ty * M_TILE) - TOP
         w0 = I(tx * M_TILE) - LEFT
         plane = I(((U(n0) + n) * C + c) * HW)
-        out = i
+        out = c * tiles + t
 {indent(src.lines, 2)}
 '''
     tiles_h, tiles_w = -(-key.P // m), -(-key.Q // m)
     namespace = unsigned_constants(
         C=key.C, H=key.H, W=key.W, HW=key.H * key.W, TILES_PER_IMAGE=tiles_h * tiles_w,
-        TILES_W=tiles_w, M_TILE=m,
+        TILES_W=tiles_w, M_TILE=m, THREADS=threads,
     )
     namespace.update(src.constants, TOP=np.int64(key.pad_top), LEFT=np.int64(key.pad_left),
                      W_SIGNED=np.int64(key.W), zero=np.dtype(key.dtype).type(0))
@@ -134,68 +140,91 @@ def winograd_input(x, v, n0, tiles_arg):
 
 
 @functools.lru_cache(maxsize=None)
-def output_transform_kernel(m: int, key: ConvProblem, simulator: bool):
-    """``kernel(mm, bias, y, n0, tiles)``: ``y[n0 + n, k, tile] = A^T M_t A + bias[k]`` for the
-    ``tiles`` tiles of the chunk (flat arrays), only the outputs inside ``y``.
+def output_transform_kernel(m: int, key: ConvProblem, simulator: bool, threads: int):
+    """``kernel(mm, bias, y, flag, n0, tiles)``: ``y[n0 + n, k, tile] = A^T M_t A + bias[k]`` for the
+    ``tiles`` tiles of the chunk (flat arrays), only the outputs inside ``y``; ``flag[0] = 1``
+    when one of them is not finite.
 
-    One thread per ``(k, t)``, ``t`` fastest.
+    Grid ``(tiles / threads, K)``, one thread per tile. A thread's outputs are ``m`` runs of ``m``
+    consecutive values, and its neighbours' runs follow them: stored directly, a warp's store
+    would touch ``m`` times the cache sectors it fills. So each output row of the warp's tiles
+    goes through shared memory, and lane ``l`` stores values ``l, l + 32, ...`` of it: consecutive
+    lanes, consecutive addresses (each decodes its value's tile by compile-time divisors). Every
+    thread reaches every barrier: no early return.
     """
     t = transform_matrices(m)
     a = t.alpha
+    warp = min(32, threads)
     src = TransformSource(key.dtype, fma="cuda.fma")
-    src.lines += [f"s{i}_{j} = mm[U({i * a + j}) * KT + i_kt]" for i in range(a) for j in range(a)]
+    src.lines += [f"s{i}_{j} = mm[U({i * a + j}) * KT + src] if live else zero" for i in range(a) for j in range(a)]
     src.two_sided(t.AT, t.AT, lambda i, j: f"s{i}_{j}", lambda i, j: f"r{i}_{j}", lambda i, j: f"o{i}_{j}")
-    partial_rows, partial_cols = key.P % m != 0, key.Q % m != 0
     stores = []
     for i in range(m):
-        row_guard = [f"p0 + U({i}) < P"] if partial_rows else []
-        for j in range(m):
-            guard = row_guard + ([f"q0 + U({j}) < Q"] if partial_cols else [])
-            store = f"y[dst + U({i * key.Q + j})] = o{i}_{j} + b"
-            stores += [f"if {' and '.join(guard)}:", f"    {store}"] if guard else [store]
+        stores += [f"stage[slots + lane * M_TILE + U({j})] = o{i}_{j} + b" for j in range(m)]
+        stores.append("cuda.syncthreads()")
+        for u in range(m):
+            stores += [
+                f"s = lane + U({warp * u})",
+                "st = t_warp + s // M_TILE",
+                "if st < tiles:",
+                "    n = st // TILES_PER_IMAGE",
+                "    rest = st - n * TILES_PER_IMAGE",
+                "    ty = rest // TILES_W",
+                f"    p = ty * M_TILE + U({i})",
+                "    q = (rest - ty * TILES_W) * M_TILE + s % M_TILE",
+                "    if p < P and q < Q:",
+                "        value = stage[slots + s]",
+                "        y[image_k + n * KPQ + p * Q + q] = value",
+                "        if not (value - value == zero):",
+                "            flag[0] = 1",
+            ]
+        stores.append("cuda.syncthreads()")
     bias = "bias[k]" if key.has_bias else "zero"
     source = f'''
-def winograd_output(mm, bias, y, n0, tiles_arg):
-    # IN mm (alpha**2 * K * tiles), IN bias (K,), OUT y (N*K*P*Q)
-    i_kt = U(cuda.grid(1))
+def winograd_output(mm, bias, y, flag, n0, tiles_arg):
+    # IN mm (alpha**2 * K * tiles), IN bias (K,), OUT y (N*K*P*Q), OUT flag (1,)
+    stage = cuda.shared.array(STAGE_LEN, dtype)
+    tid = U(cuda.threadIdx.x)
+    t = U(cuda.blockIdx.x) * THREADS + tid
+    k = U(cuda.blockIdx.y)
     tiles = U(tiles_arg)
+    live = t < tiles
     KT = K * tiles
-    if i_kt < KT:
-        k = i_kt // tiles
-        t = i_kt - k * tiles
-        n = t // TILES_PER_IMAGE
-        rest = t - n * TILES_PER_IMAGE
-        ty = rest // TILES_W
-        tx = rest - ty * TILES_W
-        p0 = ty * M_TILE
-        q0 = tx * M_TILE
-        dst = ((U(n0) + n) * K + k) * PQ + p0 * Q + q0
-        b = {bias}
-{indent(src.lines, 2)}
-{indent(stores, 2)}
+    src = k * tiles + t
+    b = {bias}
+{indent(src.lines, 1)}
+    lane = tid % WARP
+    slots = (tid - lane) * M_TILE
+    t_warp = t - lane
+    image_k = (U(n0) * K + k) * PQ
+{indent(stores, 1)}
 '''
     tiles_h, tiles_w = -(-key.P // m), -(-key.Q // m)
     namespace = unsigned_constants(
-        K=key.K, P=key.P, Q=key.Q, PQ=key.P * key.Q, TILES_PER_IMAGE=tiles_h * tiles_w,
-        TILES_W=tiles_w, M_TILE=m,
+        K=key.K, P=key.P, Q=key.Q, PQ=key.P * key.Q, KPQ=key.K * key.P * key.Q,
+        TILES_PER_IMAGE=tiles_h * tiles_w, TILES_W=tiles_w, M_TILE=m, THREADS=threads, WARP=warp,
     )
-    namespace.update(src.constants, zero=np.dtype(key.dtype).type(0))
+    dtype = np.dtype(key.dtype)
+    namespace.update(src.constants, zero=dtype.type(0), dtype=dtype, STAGE_LEN=threads * m)
     return compile_kernel(source, "winograd_output", namespace, simulator=simulator)
 
 
 @functools.lru_cache(maxsize=None)
 def repair_kernel(key: ConvProblem, simulator: bool):
-    """``kernel(x, w, bias, y, count)``: every non-finite output among the first ``count`` of the
-    flat ``y`` recomputed by the definition (zero padding included: ``0 * inf`` is NaN there too).
-
-    One thread per output; a finite output costs one load.
+    """``kernel(x, w, bias, y, flag, count)``: when ``flag[0]`` is raised, every non-finite output
+    among the first ``count`` of the flat ``y`` recomputed by the definition (zero padding
+    included: ``0 * inf`` is NaN there too). A grid-stride loop, so that the usual case (flag
+    down) costs one small launch.
     """
     bias = "bias[k]" if key.has_bias else "zero"
     source = f'''
-def winograd_repair(x, w, bias, y, count):
-    # IN x (N*C*H*W), IN w (K*Cg*R*S), IN bias (K,), INOUT y (N*K*P*Q)
+def winograd_repair(x, w, bias, y, flag, count):
+    # IN x (N*C*H*W), IN w (K*Cg*R*S), IN bias (K,), INOUT y (N*K*P*Q), IN flag (1,)
+    if flag[0] == 0:
+        return
     e = U(cuda.grid(1))
-    if e < U(count):
+    step = U(cuda.gridsize(1))
+    while e < U(count):
         value = y[e]
         if not (value - value == zero):
             n = e // KPQ
@@ -216,6 +245,7 @@ def winograd_repair(x, w, bias, y, count):
                         xv = x[plane + U(ih) * W + U(iw)] if inside else zero
                         acc += xv * w[((k * CG + U(c)) * R + U(r)) * S + U(s)]
             y[e] = acc
+        e += step
 '''
     namespace = unsigned_constants(
         KPQ=key.K * key.P * key.Q, PQ=key.P * key.Q, Q=key.Q, KG=key.K_per_group, CG=key.C_per_group,
@@ -250,6 +280,9 @@ class WinogradAlgorithm(WinogradTile):
         if reason is None and self.alpha**2 * problem.groups > MAX_GRID_Y:
             return (f"{self.title} runs {self.alpha**2} GEMMs per group; {problem.groups} groups exceed "
                     f"the {MAX_GRID_Y} one launch can address (direct serves them)")
+        if reason is None and max(problem.C, problem.K) > MAX_GRID_Y:
+            return (f"{self.title} launches one block row per channel; C={problem.C}, K={problem.K} exceed "
+                    f"the {MAX_GRID_Y} one launch can address (direct serves them)")
         return reason
 
     def tiles(self, problem: ConvProblem) -> tuple[int, int]:
@@ -282,16 +315,17 @@ class WinogradAlgorithm(WinogradTile):
             key = shape_key(p)
             G, Kg, Cg = p.groups, p.K_per_group, p.C_per_group
             u = target.empty((a2 * p.K * Cg,), p.dtype)
+            flag = target.empty((1,), "int32")
             filters = p.K * Cg
-            filter_transform_kernel(m, p.dtype, simulator)[-(-filters // threads), threads, stream](flat(w), u, filters)
+            filter_transform_kernel(m, p.dtype, simulator)[-(-filters // threads), threads, stream](flat(w), u, flag, filters)
 
             tiles_h, tiles_w = self.tiles(p)
             per_image = tiles_h * tiles_w
             chunk = self.batch_chunk(p)
             v_buf = target.empty((a2 * p.C * chunk * per_image,), p.dtype)
             m_buf = target.empty((a2 * p.K * chunk * per_image,), p.dtype)
-            forward = input_transform_kernel(m, key, simulator)
-            backward = output_transform_kernel(m, key, simulator)
+            forward = input_transform_kernel(m, key, simulator, threads)
+            backward = output_transform_kernel(m, key, simulator, threads)
             b = bias if bias is not None else placeholder_bias(p.dtype, target)
             engine = resolved_engine(simulator)
             xf, yf = flat(x), flat(y)
@@ -299,15 +333,16 @@ class WinogradAlgorithm(WinogradTile):
                 images = min(chunk, p.N - n0)
                 tiles = images * per_image
                 v, mm = v_buf[: a2 * p.C * tiles], m_buf[: a2 * p.K * tiles]
-                forward[-(-(p.C * tiles) // threads), threads, stream](xf, v, n0, tiles)
+                forward[(-(-tiles // threads), p.C), threads, stream](xf, v, n0, tiles)
                 if engine == "cublas":
                     _cublas_products(a2 * G, Kg, Cg, tiles, u, v, mm, target)
                 else:
                     gemm, grid, block = _own_gemm(p, a2, tiles, target.multiprocessors, simulator)
                     gemm[grid, block, stream](v, u, placeholder_bias(p.dtype, target), mm, 1)
-                backward[-(-(p.K * tiles) // threads), threads, stream](mm, b, yf, n0, tiles)
+                backward[(-(-tiles // threads), p.K), threads, stream](mm, b, yf, flag, n0, tiles)
             outputs = y.size
-            repair_kernel(key, simulator)[-(-outputs // threads), threads, stream](xf, flat(w), b, yf, outputs)
+            blocks = min(-(-outputs // threads), 4 * target.multiprocessors)
+            repair_kernel(key, simulator)[blocks, threads, stream](xf, flat(w), b, yf, flag, outputs)
         return y
 
 
