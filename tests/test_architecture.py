@@ -166,3 +166,18 @@ def test_import_convlib_loads_no_framework():
             " & set(sys.modules); "
             "assert not loaded, loaded")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_numba_cuda_is_imported_by_one_module():
+    """Moving to numba-cuda's successor must stay a one-module change (docs/gpu.md): only
+    ``convlib/cuda/launch.py`` imports numba in the CUDA backend and the GPU benchmarks."""
+    package = Path(convlib.__file__).parent
+    files = sorted(package.glob("cuda/*.py")) + sorted(package.glob("bench/gpu_*.py"))
+    importers = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            if any(n == "numba" or n.startswith("numba.") or n.startswith("numba_cuda") for n in names):
+                importers.add(path.relative_to(package).as_posix())
+    assert importers == {"cuda/launch.py"}, f"numba imported outside convlib/cuda/launch.py: {sorted(importers)}"

@@ -191,6 +191,23 @@ def test_winograd_refuses_what_it_cannot_serve():
     assert convlib.conv2d(x, w, stride=2, algo="auto", device="cuda").shape == (1, 3, 4, 4)
 
 
+def test_auto_rules_on_cuda():
+    """ResNet-sized 3x3 stride-1 layers go to Winograd, other GEMM-shaped ones to blis, thin ones
+    to direct (the rules alone: no GPU needed)."""
+    from convlib.dispatch.select import rule_choice
+
+    everything = ["direct", "im2col", "blis", "winograd", "winograd2", "winograd4"]
+    resnet_3x3 = ConvProblem(128, 128, 28, 28, 128, 3, 3, padding=(1, 1, 1, 1))
+    strided = ConvProblem(128, 128, 28, 28, 128, 3, 3, stride=(2, 2), padding=(1, 1, 1, 1))
+    small_batch = ConvProblem(1, 128, 7, 7, 128, 3, 3, padding=(1, 1, 1, 1))
+    thin = ConvProblem(8, 4, 64, 64, 4, 3, 3)
+    assert rule_choice(resnet_3x3, "cuda", everything)[0] == "winograd"
+    assert rule_choice(resnet_3x3, "cuda", ["direct", "im2col", "blis"])[0] == "blis"
+    assert rule_choice(strided, "cuda", ["direct", "im2col", "blis"])[0] == "blis"
+    assert rule_choice(small_batch, "cuda", everything)[0] == "blis"
+    assert rule_choice(thin, "cuda", everything)[0] == "direct"
+
+
 @needs_cuda
 def test_blis_without_tap_table():
     """Reductions too long for the constant-memory tap table decode taps by division instead."""

@@ -56,12 +56,9 @@ from .gpu_report import OUR_ALGOS, render
 
 # -- environment and ceilings -----------------------------------------------------------------------
 def environment() -> dict:
-    import numba
     import torch
 
-    import convlib.cuda.launch  # noqa: F401 - its numpy workaround must precede numba-cuda's target
-
-    from numba import cuda
+    from convlib.cuda.launch import cuda  # first: its numpy workaround must precede numba-cuda's target
 
     dev = cuda.get_current_device()
     env = {
@@ -70,7 +67,7 @@ def environment() -> dict:
         "compute_capability": ".".join(map(str, dev.compute_capability)),
         "python": platform.python_version(),
         "numpy": np.__version__,
-        "numba": numba.__version__,
+        "numba": _version("numba"),
         "numba_cuda": _version("numba-cuda"),
         "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version(),

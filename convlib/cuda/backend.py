@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.contracts import Backend
-from .launch import cuda
+from .launch import cuda, simulator_enabled
 
 INSTALL_HINT = "install it with: pip install 'convlib[cuda]' (numba-cuda; it needs numba >= 0.60)"
 
@@ -62,9 +62,7 @@ def _driver_reason() -> str | None:
 @functools.cache
 def simulator_active() -> bool:
     """Whether numba-cuda runs its CPU simulator (``NUMBA_ENABLE_CUDASIM=1``)."""
-    from numba.cuda.core import config
-
-    return bool(config.ENABLE_CUDASIM)
+    return simulator_enabled()
 
 
 def is_cuda_array(arr) -> bool:

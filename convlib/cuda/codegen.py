@@ -20,7 +20,7 @@ import textwrap
 
 import numpy as np
 
-from .launch import cuda
+from .launch import cuda, scalar_type
 
 
 def unsigned_constants(**values) -> dict:
@@ -68,12 +68,8 @@ _UNSIGNED_LITERAL = re.compile(r"\bU\((\d+)\)")
 
 
 def _uint64():
-    from numba import uint64
-
-    return uint64
+    return scalar_type("uint64")
 
 
 def _int64():
-    from numba import int64
-
-    return int64
+    return scalar_type("int64")

@@ -1,4 +1,10 @@
-"""Small helpers every CUDA algorithm module launches with."""
+"""The one module that imports numba-cuda, and small helpers every CUDA algorithm launches with.
+
+Every other module of the backend takes ``cuda`` (and the numba scalar types and the simulator's
+switch) from here, so moving to another CUDA kernel package with numba's kernel language (e.g.
+numba-cuda's successor, numba-cuda-mlir; ``docs/gpu.md`` says what would change) is a change
+to this module alone.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +28,20 @@ if importlib.util.find_spec("numba_cuda") is not None:
     from numba import cuda
 else:
     cuda = None
+
+def scalar_type(name: str):
+    """The numba scalar type ``name`` (``"uint64"``, ``"float32"``, ...), for casts in kernels."""
+    import numba
+
+    return getattr(numba, name)
+
+
+def simulator_enabled() -> bool:
+    """Whether numba-cuda runs its CPU simulator (``NUMBA_ENABLE_CUDASIM=1``)."""
+    from numba.cuda.core import config
+
+    return bool(config.ENABLE_CUDASIM)
+
 
 #: CUDA's limit on gridDim.y and gridDim.z.
 MAX_GRID_Y = 65535

@@ -52,7 +52,7 @@ from ..core.winograd_source import TransformSource
 from .codegen import compile_kernel, indent, unsigned_constants
 from .gemm import COLUMNS, gemm_kernel, gemm_launch_shape, shape_key
 from .im2col import cupy_stream, resolved_engine
-from .launch import MAX_GRID_Y, flat, placeholder_bias
+from .launch import MAX_GRID_Y, flat, placeholder_bias, scalar_type
 from .tables import KNOBS
 from .tiles import choose_gemm_tile
 
@@ -86,7 +86,7 @@ def winograd_filter(w, u, flag, count_arg):
         base = i * U(9)
 {indent(src.lines, 2)}
 '''
-    namespace = dict(src.constants, f64=_numba_type("float64"), cast=_numba_type(dtype))
+    namespace = dict(src.constants, f64=scalar_type("float64"), cast=scalar_type(dtype))
     return compile_kernel(source, "winograd_filter", namespace, simulator=simulator)
 
 
@@ -254,12 +254,6 @@ def winograd_repair(x, w, bias, y, flag, count):
     )
     namespace.update(TOP=np.int64(key.pad_top), LEFT=np.int64(key.pad_left), zero=np.dtype(key.dtype).type(0))
     return compile_kernel(source, "winograd_repair", namespace, simulator=simulator)
-
-
-def _numba_type(dtype: str):
-    import numba
-
-    return getattr(numba, dtype)
 
 
 # -- the algorithm objects --------------------------------------------------------------------------

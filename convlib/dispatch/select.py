@@ -106,7 +106,14 @@ def _cuda_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # layers; the implicit GEMM beats im2col (even with cuBLAS) on every ResNet-50 layer.
     if problem.groups == problem.C == problem.K or (problem.C_per_group <= 16 and problem.K_per_group <= 32):
         return [("direct", "depthwise or few channels per group: direct keeps the image tile in shared memory")]
-    return [("blis", "GEMM-shaped problem: the implicit GEMM gathers image tiles straight into shared memory")]
+    rules = []
+    # Measured on an H100 at batch 128 (docs/benchmarks.md): F(4x4,3x3) beat blis 1.9-3.3x on
+    # ResNet-50's four 3x3 stride-1 layers (64-512 channels, 6272-401408 output pixels), with
+    # cuBLAS and with our own GEMM alike. Smaller problems were not measured: blis keeps them.
+    if _winograd_pays(problem, channels=64, pixels=6272):
+        rules.append(("winograd", "3x3 stride-1 layer with many channels: F(4x4,3x3) does 4x fewer multiplications"))
+    rules.append(("blis", "GEMM-shaped problem: the implicit GEMM gathers image tiles straight into shared memory"))
+    return rules
 
 
 _RULES = {"cpu": _cpu_rules, "sycl": _sycl_rules, "cuda": _cuda_rules}
