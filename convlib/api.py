@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .core.options import option_context, options
 from .core.problem import (
     ConvProblem, array_dtype, make_backward_bias_problem, make_backward_data_problem, make_backward_weight_problem,
     make_problem, make_transpose_problem,
@@ -100,7 +101,8 @@ def _plan(operation: str, arrays, device, algo, build_problem_of, **arguments):
     return PLANS.get(call_signature(operation, arrays, device, algo, **arguments), build)
 
 
-def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="auto", device=None):
+def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="auto", device=None,
+           allow_tf32=None):
     """Batched 2-D convolution (cross-correlation, as in deep learning) over NCHW tensors.
 
     ``y[n, k, p, q] = bias[k] + sum_{c, r, s} x[n, g*C/G + c, p*sh - pt + r*dh, q*sw - pl + s*dw]
@@ -139,6 +141,10 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
     device : None or str or dpctl.SyclDevice or dpctl.SyclQueue
         None follows the data; ``"cpu"``; ``"sycl"`` or a dpctl filter string; ``"cuda"``/``"cuda:N"``.
         :func:`devices` lists what this machine offers.
+    allow_tf32 : bool, optional
+        Let float32 GEMMs on an NVIDIA GPU use TF32 tensor cores (about 3e-4 relative error; the
+        cuBLAS GEMMs of ``im2col`` and ``winograd``); everything else stays exact. None (default)
+        follows ``convlib.options.allow_tf32``, which is False: exact FP32.
 
     Returns
     -------
@@ -167,9 +173,14 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
            [6., 9., 9., 6.],
            [4., 6., 6., 4.]], dtype=float32)
     """
+    if allow_tf32 is not None:
+        with option_context(allow_tf32=allow_tf32):
+            return conv2d(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                          algo=algo, device=device)
     if (dask_arrays := _dask(x, w, bias)) is not None:
         return dask_arrays.conv2d(conv2d, check_algo, x, w, bias, stride=stride, padding=padding,
-                                  dilation=dilation, groups=groups, algo=algo, device=device)
+                                  dilation=dilation, groups=groups, algo=algo, device=device,
+                                  allow_tf32=options.allow_tf32)
     like = x
     x, w, bias = host_array("x", x), host_array("w", w), host_array("bias", bias)
     plan = _plan("conv2d", (x, w, bias), device, algo,

@@ -381,11 +381,12 @@ def forward_plan(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1) 
 
 
 def conv2d(run, check_algo, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="auto",
-           device=None):
+           device=None, allow_tf32=False):
     """:func:`convlib.conv2d` of a Dask array: a lazy Dask array of chunks :attr:`ChunkPlan.output_chunks`.
 
     ``run`` is the in-memory :func:`convlib.conv2d` (each block calls it), ``check_algo`` the API's
-    check of ``algo``; the other arguments are :func:`convlib.conv2d`'s.
+    check of ``algo``; the other arguments are :func:`convlib.conv2d`'s (``allow_tf32`` as it was
+    when the graph was built: the blocks run later, outside any ``option_context``).
     """
     _required(x=x, w=w)
     x, w, bias = _host("x", x), _host("w", w), _host("bias", bias)
@@ -396,7 +397,7 @@ def conv2d(run, check_algo, x, w, bias=None, *, stride=1, padding=0, dilation=1,
     _check_plan("conv2d", problem, device, algo, x, w, bias)
     x = _as_dask(x)
     plan = chunk_plan(problem, x.chunks, w.chunks[0] if is_dask_array(w) and groups == 1 else None)
-    return _run_forward(run, plan, x, w, bias, algo=algo, device=device)
+    return _run_forward(run, plan, x, w, bias, algo=algo, device=device, allow_tf32=allow_tf32)
 
 
 def _blocks_with_halo(x, plan: ChunkPlan):
@@ -414,11 +415,13 @@ def _blocks_with_halo(x, plan: ChunkPlan):
     return x
 
 
-def _run_forward(run, plan: ChunkPlan, x, w, bias, *, algo, device):
+def _run_forward(run, plan: ChunkPlan, x, w, bias, *, algo, device, allow_tf32=False):
     p = plan.problem
     dtype = np.dtype(p.dtype)
     x = _blocks_with_halo(x, plan)
     arguments = dict(stride=p.stride, dilation=p.dilation, algo=algo, device=device)
+    if allow_tf32:
+        arguments["allow_tf32"] = True
     adjust = {"y": plan.h.output_chunks, "x": plan.w.output_chunks}
     if p.groups == 1:
         w = _as_dask(w, (plan.filter_chunks, plan.channel_chunks, p.R, p.S))

@@ -183,6 +183,34 @@ def test_winograd_engines_and_chunks(engine, poisoned_outputs):
     assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[problem.dtype]
 
 
+@needs_gpu
+@pytest.mark.parametrize("algo", ["im2col", "winograd2"])
+def test_allow_tf32_opts_into_tensor_cores(algo):
+    """With CuPy's cuBLAS: exact FP32 by default, TF32's ~3e-4 error only when allowed -- so the
+    opt-in demonstrably reaches the tensor cores."""
+    from convlib.cuda import im2col
+
+    if not im2col.cupy_available():
+        pytest.skip("the TF32 path is cuBLAS through CuPy")
+    problem = make_problem("wino-resnet-like")
+    x, w, b = random_inputs(problem, seed=14)
+    reference = conv2d_reference_for(problem, x, w, b)
+    exact = relative_error(call(problem, x, w, b, algo), reference)
+    tf32 = relative_error(convlib.conv2d(x, w, b, padding=1, algo=algo, device="cuda", allow_tf32=True), reference)
+    assert exact <= TOLERANCE["float32"], f"exact FP32 by default: {exact:.2e}"
+    assert 2e-5 < tf32 < 3e-3, f"TF32 error {tf32:.2e} outside its expected range"
+    assert convlib.options.allow_tf32 is False
+
+
+@needs_gpu
+def test_allow_tf32_leaves_winograd4_exact():
+    """F(4x4,3x3) would amplify TF32's rounding tenfold (3e-3): it keeps exact FP32 GEMMs."""
+    problem = make_problem("wino-resnet-like")
+    x, w, b = random_inputs(problem, seed=15)
+    y = convlib.conv2d(x, w, b, padding=1, algo="winograd4", device="cuda", allow_tf32=True)
+    assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float32"]
+
+
 @needs_cuda
 def test_winograd_refuses_what_it_cannot_serve():
     x, w = np.ones((1, 2, 9, 9), np.float32), np.ones((3, 2, 3, 3), np.float32)

@@ -93,3 +93,25 @@ def test_options_are_validated():
     with pytest.raises(ValueError, match="unknown option"):
         with convlib.option_context(nonsense=1):
             pass
+
+
+def test_allow_tf32_is_a_validated_permission():
+    """``allow_tf32`` takes True or False only; it is a permission, so where no TF32 path exists
+    (the CPU) the result is the exact one, and the option is restored after the call."""
+    x = np.random.default_rng(0).standard_normal((1, 3, 6, 6)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    with pytest.raises(TypeError, match="allow_tf32"):
+        convlib.options.allow_tf32 = 1
+    with pytest.raises(TypeError, match="allow_tf32"):
+        convlib.conv2d(x, w, allow_tf32="yes")
+    exact = convlib.conv2d(x, w, algo="im2col", device="cpu")
+    assert np.array_equal(convlib.conv2d(x, w, algo="im2col", device="cpu", allow_tf32=True), exact)
+    assert convlib.options.allow_tf32 is False
+
+
+def test_allow_tf32_reaches_dask_blocks():
+    da = pytest.importorskip("dask.array")
+    x = np.random.default_rng(2).standard_normal((2, 3, 10, 10)).astype(np.float32)
+    w = np.random.default_rng(3).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    lazy = convlib.conv2d(da.from_array(x, chunks=(1, 3, 5, 10)), w, padding=1, allow_tf32=True)
+    assert np.allclose(lazy.compute(), convlib.conv2d(x, w, padding=1), rtol=1e-5, atol=1e-5)

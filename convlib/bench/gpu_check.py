@@ -166,17 +166,20 @@ def wall_ms(fn, reps=10) -> float:
 
 # -- the runs -----------------------------------------------------------------------------------------
 def _ours(problem, algo, tx, tw):
-    """One call of our ``algo`` (``"im2col-own"``: im2col with that GEMM engine) as a Plan on the
-    tensors' GPU; returns a PyTorch tensor. No synchronisation: the clock does that."""
+    """One call of our ``algo`` as a Plan on the tensors' GPU; returns a PyTorch tensor. Suffixes:
+    a GEMM engine (``"im2col-own"``, ``"winograd4-cublas"``) and ``-tf32`` (``allow_tf32``).
+    No synchronisation: the clock does that."""
+    from convlib.core.options import option_context
     from convlib.cuda.tables import KNOBS
 
-    name, _, engine = algo.partition("-")
+    name, *flags = algo.split("-")
+    engine = next((f for f in flags if f in ("own", "cublas")), "auto")
     plan = plan_for("conv2d", problem, resolve_device(None, tx, tw), name)
     xd, wd, _ = plan.prepare(tx, tw, None)
     backend, handle = plan.backend, plan.handle
 
     def run():
-        with KNOBS.override(im2col_gemm=engine or "auto"):
+        with KNOBS.override(im2col_gemm=engine), option_context(allow_tf32="tf32" in flags):
             return backend.finish(plan.execute(xd, wd, None), tx, handle)
     return run
 
@@ -335,8 +338,10 @@ def run_bench(args, result: dict, save) -> None:
     cases = resnet50(batch=args.batch, quick=args.quick)
     result["resnet50"] = []
     for case in cases:
-        winograd = ("winograd2", "winograd4", "winograd4-own") if case.problem.is_winograd_shape else ()
-        row = bench_case(case.label, case.problem, ("blis", "im2col-own", "im2col-cublas") + winograd, args.reps)
+        winograd = (("winograd2", "winograd4", "winograd4-own", "winograd4-cublas-tf32")
+                    if case.problem.is_winograd_shape else ())
+        row = bench_case(case.label, case.problem, ("blis", "im2col-own", "im2col-cublas", "im2col-cublas-tf32") + winograd,
+                         args.reps)
         row["weight"] = case.weight
         row["winograd_shape"] = case.problem.is_winograd_shape
         result["resnet50"].append(row)

@@ -8,6 +8,8 @@ import statistics
 #: Our candidates in the tables, in column order (``im2col-own``: im2col with that GEMM engine;
 #: Winograd's engine is chosen the same way, cuBLAS by default).
 OUR_ALGOS = ("direct", "blis", "im2col-own", "im2col-cublas", "winograd2", "winograd4", "winograd4-own")
+#: Our candidates with ``allow_tf32=True`` (compared with cuDNN TF32, not in the exact columns).
+TF32_ALGOS = ("im2col-cublas-tf32", "winograd4-cublas-tf32")
 
 
 def _fmt(v, digits=3):
@@ -81,6 +83,16 @@ def resnet_table(rows) -> tuple[str, dict]:
     geo["best ours"] = math.exp(statistics.fmean(math.log(r) for r in best_ratios)) if best_ratios else None
     lines.append("| **geometric mean of throughput / cuDNN FP32** | | " + " | ".join(_fmt(geo[n]) for n in names)
                  + f" | **{_fmt(geo['best ours'])}** |")
+    tf32 = []
+    for row in rows:
+        res = row["results"]
+        theirs = res.get("cudnn-tf32", {}).get("gpu_ms")
+        ours = [res[a]["gpu_ms"] for a in TF32_ALGOS if res.get(a, {}).get("gpu_ms")]
+        if theirs and ours:
+            tf32.append(theirs / min(ours))
+    geo["tf32 best ours"] = math.exp(statistics.fmean(math.log(r) for r in tf32)) if tf32 else None
+    lines.append(f"\nTF32 allowed (allow_tf32=True; {', '.join(TF32_ALGOS)}): best ours / cuDNN TF32, "
+                 f"geometric mean over {len(tf32)} layers: {_fmt(geo['tf32 best ours'])}")
     wino = {n: (math.exp(statistics.fmean(math.log(r) for r in v)) if v else None) for n, v in winograd_ratios.items()}
     geo["3x3 stride 1"] = wino
     lines.append("\n3x3 stride-1 layers, throughput / cuDNN FP32, geometric mean: "

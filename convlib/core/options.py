@@ -1,4 +1,5 @@
-"""Library-wide options a user may change at run time: how much memory convlib may take.
+"""Library-wide options a user may change at run time: how much memory convlib may take, and
+whether float32 may use TF32 tensor cores.
 
 Options are policy, the same for every backend, documented in the README. The tuning values of
 the kernels (block sizes, work-group sizes, engines) are not options: they are knobs, one table
@@ -57,16 +58,26 @@ class Options:
         the same size, which then skip the page faults of fresh memory
         (:mod:`convlib.core.output_cache`); 0 turns the reuse off. Default 512 MiB, or
         ``CONVLIB_OUTPUT_CACHE_MB`` (MiB) when set at import.
+    allow_tf32 : bool
+        Whether float32 GEMMs on NVIDIA GPUs may run on tensor cores in TF32 (inputs rounded to
+        10 mantissa bits, FP32 accumulation): about 3e-4 relative error instead of ~1e-6, like
+        cuDNN's and PyTorch's ``allow_tf32``. A permission, not a request: it applies where a TF32
+        path exists (the cuBLAS GEMMs of ``im2col`` and ``winograd`` on CUDA) and everything else
+        stays exact. Default False: exact FP32, which ``auto`` also keeps. The ``allow_tf32``
+        keyword of :func:`convlib.conv2d` sets it for one call.
     """
 
     workspace_cap: int = WORKSPACE_CAP
     output_cache_bytes: int = OUTPUT_CACHE_BYTES
+    allow_tf32: bool = False
 
     def __setattr__(self, name, value):
         if name == "workspace_cap" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"workspace_cap={value!r} must be a positive int (bytes)")
         if name == "output_cache_bytes" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ValueError(f"output_cache_bytes={value!r} must be a non-negative int (bytes)")
+        if name == "allow_tf32" and not isinstance(value, bool):
+            raise TypeError(f"allow_tf32={value!r} must be True or False")
         object.__setattr__(self, name, value)
 
 

@@ -17,7 +17,8 @@ GEMM engines (the ``im2col_gemm`` knob of :data:`convlib.cuda.tables.KNOBS`):
 ``"cublas"``
     cuBLAS through CuPy (``cupy.matmul``, a strided batched SGEMM/DGEMM over images and groups,
     written straight into ``y``), then a bias kernel. Needs CuPy; float32 runs in full FP32
-    (CuPy's default; ``CUPY_TF32=1`` would allow TF32 and break the accuracy bar).
+    (set explicitly, whatever ``CUPY_TF32`` says) unless ``convlib.options.allow_tf32`` (or
+    the ``allow_tf32`` keyword) permits TF32 tensor cores (:func:`cublas_math`).
 ``"auto"`` (default)
     ``"cublas"`` when CuPy can be imported and the kernels run on a real GPU, else ``"own"``.
 
@@ -27,11 +28,13 @@ compiles new kernels (about a second each); the batch size is a run-time argumen
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 
 import numpy as np
 
+from ..core.options import options
 from .tables import KNOBS
 from .tiles import choose_gemm_tile
 from .codegen import compile_kernel, unsigned_constants
@@ -137,13 +140,49 @@ def _cublas_chunk(problem, w, columns, y_chunk, images, target):
     import cupy
 
     G, M, KK, PQ = problem.groups, problem.gemm_m, problem.gemm_k, problem.P * problem.Q
-    with cupy.cuda.Device(target.ordinal), cupy_stream(cupy, target):
+    with cupy.cuda.Device(target.ordinal), cupy_stream(cupy, target), cublas_math(cupy, problem.dtype):
         a = cupy.asarray(w).reshape(G, M, KK)
         b = cupy.asarray(columns).reshape(images, G, KK, PQ)
         out = cupy.asarray(y_chunk).reshape(images, G, M, PQ)
         if G == 1:
             a, b, out = a[0], b[:, 0], out[:, 0]
         cupy.matmul(a, b, out=out)
+
+
+#: cuBLAS's ``cublasMath_t`` values (cublas_api.h; CuPy 14 names only the older ones).
+_CUBLAS_DEFAULT_MATH = 0
+_CUBLAS_TF32_TENSOR_OP_MATH = 3
+
+
+@contextlib.contextmanager
+def cublas_math(cupy, dtype: str, tf32_tolerated: bool = True):
+    """cuBLAS's math for the float32 GEMMs inside the block: TF32 tensor cores when
+    ``convlib.options.allow_tf32`` is set and the caller's result tolerates it
+    (``tf32_tolerated``), else exact FP32.
+
+    Both of CuPy's float32 paths are set: the handle's math mode (``sgemmStridedBatched``, which
+    ``cupy.matmul`` calls for stacks, follows it) and CuPy's compute type (its ``gemmEx`` path),
+    each explicitly, because CuPy's defaults follow the environment variable ``CUPY_TF32``, which
+    would otherwise make convlib's exact default silently TF32. Restored on exit (process-wide
+    CuPy state: calls from several threads at once may see each other's setting).
+    """
+    if dtype != "float32":
+        yield
+        return
+    from cupy._core import _routines_linalg as linalg
+    from cupy_backends.cuda.libs import cublas
+
+    handle = cupy.cuda.device.get_cublas_handle()
+    tf32 = options.allow_tf32 and tf32_tolerated
+    previous_mode = cublas.getMathMode(handle)
+    previous_type = linalg.get_compute_type(np.float32)
+    cublas.setMathMode(handle, _CUBLAS_TF32_TENSOR_OP_MATH if tf32 else _CUBLAS_DEFAULT_MATH)
+    linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32 if tf32 else linalg.COMPUTE_TYPE_FP32)
+    try:
+        yield
+    finally:
+        cublas.setMathMode(handle, previous_mode)
+        linalg.set_compute_type(np.float32, previous_type)
 
 
 def cupy_stream(cupy, target):

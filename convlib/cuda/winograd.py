@@ -15,7 +15,8 @@ the steps of the CPU and SYCL versions:
    b. **Batched GEMM** over the tile positions and groups:
       ``M[pos, g] (Kg x T) = U[pos, g] (Kg x Cg) @ V[pos, g] (Cg x T)``, ``T`` the chunk's
       tiles. Engines as im2col's (the ``im2col_gemm`` knob): cuBLAS through CuPy (one strided
-      batched SGEMM/DGEMM, FP32 exact: CuPy leaves TF32 off), or our tiled GEMM
+      batched SGEMM/DGEMM, exact FP32 unless ``allow_tf32`` permits TF32 tensor cores), or our
+      tiled GEMM (always exact)
       (:func:`convlib.cuda.gemm.gemm_kernel`) in one launch, the ``alpha**2 * groups`` products
       as its groups.
    c. **Output transform**, one thread per ``(k, tile)``: ``y = A^T M_t A + bias``, storing only
@@ -51,7 +52,7 @@ from ..core.winograd_math import WinogradTile, transform_matrices
 from ..core.winograd_source import TransformSource
 from .codegen import compile_kernel, indent, unsigned_constants
 from .gemm import COLUMNS, gemm_kernel, gemm_launch_shape, shape_key
-from .im2col import cupy_stream, resolved_engine
+from .im2col import cublas_math, cupy_stream, resolved_engine
 from .launch import MAX_GRID_Y, flat, placeholder_bias, scalar_type
 from .tables import KNOBS
 from .tiles import choose_gemm_tile
@@ -266,6 +267,14 @@ class WinogradAlgorithm(WinogradTile):
         Output tile size: 2 (F(2x2,3x3), alpha = 4) or 4 (F(4x4,3x3), alpha = 6).
     """
 
+    def __init__(self, m: int):
+        super().__init__(m)
+        # Whether its GEMMs may run in TF32 when allow_tf32 permits. Measured on ResNet-50's 3x3
+        # layers (H100, docs/gpu.md): TF32 GEMMs gave F(4x4,3x3) 2.5e-3 to 3.2e-3 relative
+        # error, 10x cuDNN TF32's 2.9e-4 (the transforms amplify the inputs' rounding), so
+        # F(4x4) stays exact FP32; F(2x2)'s transforms are additions and keep TF32's level.
+        self.tf32_tolerated = m == 2
+
     def __repr__(self) -> str:
         return f"<convlib.cuda.winograd {self.title}>"
 
@@ -329,7 +338,7 @@ class WinogradAlgorithm(WinogradTile):
                 v, mm = v_buf[: a2 * p.C * tiles], m_buf[: a2 * p.K * tiles]
                 forward[(-(-tiles // threads), p.C), threads, stream](xf, v, n0, tiles)
                 if engine == "cublas":
-                    _cublas_products(a2 * G, Kg, Cg, tiles, u, v, mm, target)
+                    _cublas_products(a2 * G, Kg, Cg, tiles, u, v, mm, target, p.dtype, self.tf32_tolerated)
                 else:
                     gemm, grid, block = _own_gemm(p, a2, tiles, target.multiprocessors, simulator)
                     gemm[grid, block, stream](v, u, placeholder_bias(p.dtype, target), mm, 1)
@@ -360,12 +369,14 @@ def _own_gemm(problem: ConvProblem, a2: int, tiles: int, multiprocessors: int, s
     return kernel, grid, block
 
 
-def _cublas_products(batch: int, rows: int, depth: int, tiles: int, u, v, mm, target) -> None:
+def _cublas_products(batch: int, rows: int, depth: int, tiles: int, u, v, mm, target, dtype: str,
+                     tf32_tolerated: bool) -> None:
     """``M[b] = U[b] @ V[b]`` for ``batch`` products of ``rows x depth`` by ``depth x tiles``
-    (one strided batched cuBLAS GEMM through CuPy)."""
+    (one strided batched cuBLAS GEMM through CuPy; TF32 only when allowed and tolerated)."""
     import cupy
 
-    with cupy.cuda.Device(target.ordinal), cupy_stream(cupy, target):
+    with (cupy.cuda.Device(target.ordinal), cupy_stream(cupy, target),
+          cublas_math(cupy, dtype, tf32_tolerated)):
         cupy.matmul(
             cupy.asarray(u).reshape(batch, rows, depth),
             cupy.asarray(v).reshape(batch, depth, tiles),
