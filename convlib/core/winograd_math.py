@@ -225,6 +225,11 @@ def winograd_correlate_tile(d: np.ndarray, g: np.ndarray, m: int) -> np.ndarray:
     return t.AT @ (U * V) @ t.AT.T
 
 
+def tile_grid(problem, m: int) -> tuple[int, int]:
+    """``(ceil(P / m), ceil(Q / m))``: the rows and columns of ``m x m`` output tiles per image."""
+    return -(-problem.P // m), -(-problem.Q // m)
+
+
 class WinogradTile:
     """What every backend's Winograd F(m x m, 3 x 3) object shares: its tile and which problems it serves.
 
@@ -241,6 +246,10 @@ class WinogradTile:
         self.m = m
         self.alpha = m + 2
         self.title = f"Winograd F({m}x{m},3x3)"
+
+    def tiles(self, problem) -> tuple[int, int]:
+        """Tile rows and columns per image: ``ceil(P / m)``, ``ceil(Q / m)``."""
+        return tile_grid(problem, self.m)
 
     def supports(self, problem) -> str | None:
         """None for 3x3 filters with stride 1 and dilation 1, else the reason."""

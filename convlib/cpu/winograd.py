@@ -230,8 +230,7 @@ class WinogradAlgorithm(WinogradTile):
         chunk_bytes = KNOBS.winograd_chunk_bytes if chunk_bytes is None else chunk_bytes
         chunk_bytes = max(chunk_bytes, self.filter_bytes(problem))
         NR = register_tile(problem.dtype)[1]
-        tiles_h = -(-problem.P // self.m)
-        tiles_w = -(-problem.Q // self.m)
+        tiles_h, tiles_w = self.tiles(problem)
         per_tile = self.alpha**2 * (problem.C + problem.K) * problem.itemsize
         budget = max(1, chunk_bytes // per_tile)
         if budget < tiles_w:

@@ -29,6 +29,7 @@ if importlib.util.find_spec("numba_cuda") is not None:
 else:
     cuda = None
 
+
 def scalar_type(name: str):
     """The numba scalar type ``name`` (``"uint64"``, ``"float32"``, ...), for casts in kernels."""
     import numba

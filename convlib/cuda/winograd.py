@@ -27,8 +27,8 @@ the steps of the CPU and SYCL versions:
    (:mod:`convlib.cpu.exact` says why that suffices): an ``inf`` input spreads over its whole tile
    as ``inf - inf = NaN``, and an intermediate may overflow where direct does not. The output
    transform raises a flag on the device when it stores a non-finite value; a last small launch
-   reads the flag and, only when it is raised, tests every output and recomputes the non-finite
-   ones. (Testing every output unconditionally cost 10% of the layer: one more read of ``y``.)
+   (:func:`convlib.cuda.exact.repair_flagged_outputs`) reads the flag and, only when it is
+   raised, tests every output and recomputes the non-finite ones. (Testing every output unconditionally cost 10% of the layer: one more read of ``y``.)
 
 The 1-D transforms are generated as straight-line source (:mod:`convlib.core.winograd_source`),
 so every product the matrices do not need is gone.
@@ -48,9 +48,10 @@ import numpy as np
 
 from ..core.options import options
 from ..core.problem import ConvProblem
-from ..core.winograd_math import WinogradTile, transform_matrices
+from ..core.winograd_math import WinogradTile, tile_grid, transform_matrices
 from ..core.winograd_source import TransformSource
 from .codegen import compile_kernel, indent, unsigned_constants
+from .exact import repair_flagged_outputs
 from .gemm import COLUMNS, gemm_kernel, gemm_launch_shape, shape_key
 from .im2col import cublas_math, cupy_stream, resolved_engine
 from .launch import MAX_GRID_Y, flat, placeholder_bias, scalar_type
@@ -130,7 +131,7 @@ def winograd_input(x, v, n0, tiles_arg):
         out = c * tiles + t
 {indent(src.lines, 2)}
 '''
-    tiles_h, tiles_w = -(-key.P // m), -(-key.Q // m)
+    tiles_h, tiles_w = tile_grid(key, m)
     namespace = unsigned_constants(
         C=key.C, H=key.H, W=key.W, HW=key.H * key.W, TILES_PER_IMAGE=tiles_h * tiles_w,
         TILES_W=tiles_w, M_TILE=m, THREADS=threads,
@@ -200,7 +201,7 @@ def winograd_output(mm, bias, y, flag, n0, tiles_arg):
     image_k = (U(n0) * K + k) * PQ
 {indent(stores, 1)}
 '''
-    tiles_h, tiles_w = -(-key.P // m), -(-key.Q // m)
+    tiles_h, tiles_w = tile_grid(key, m)
     namespace = unsigned_constants(
         K=key.K, P=key.P, Q=key.Q, PQ=key.P * key.Q, KPQ=key.K * key.P * key.Q,
         TILES_PER_IMAGE=tiles_h * tiles_w, TILES_W=tiles_w, M_TILE=m, THREADS=threads, WARP=warp,
@@ -208,53 +209,6 @@ def winograd_output(mm, bias, y, flag, n0, tiles_arg):
     dtype = np.dtype(key.dtype)
     namespace.update(src.constants, zero=dtype.type(0), dtype=dtype, STAGE_LEN=threads * m)
     return compile_kernel(source, "winograd_output", namespace, simulator=simulator)
-
-
-@functools.lru_cache(maxsize=None)
-def repair_kernel(key: ConvProblem, simulator: bool):
-    """``kernel(x, w, bias, y, flag, count)``: when ``flag[0]`` is raised, every non-finite output
-    among the first ``count`` of the flat ``y`` recomputed by the definition (zero padding
-    included: ``0 * inf`` is NaN there too). A grid-stride loop, so that the usual case (flag
-    down) costs one small launch.
-    """
-    bias = "bias[k]" if key.has_bias else "zero"
-    source = f'''
-def winograd_repair(x, w, bias, y, flag, count):
-    # IN x (N*C*H*W), IN w (K*Cg*R*S), IN bias (K,), INOUT y (N*K*P*Q), IN flag (1,)
-    if flag[0] == 0:
-        return
-    e = U(cuda.grid(1))
-    step = U(cuda.gridsize(1))
-    while e < U(count):
-        value = y[e]
-        if not (value - value == zero):
-            n = e // KPQ
-            rest = e - n * KPQ
-            k = rest // PQ
-            pq = rest - k * PQ
-            p = pq // Q
-            q = pq - p * Q
-            g = k // KG
-            acc = {bias}
-            for c in range(CG):
-                plane = ((n * C + g * CG + U(c)) * H) * W
-                for r in range(R):
-                    ih = I(p * SH + U(r) * DH) - TOP
-                    for s in range(S):
-                        iw = I(q * SW + U(s) * DW) - LEFT
-                        inside = U(ih) < H and U(iw) < W
-                        xv = x[plane + U(ih) * W + U(iw)] if inside else zero
-                        acc += xv * w[((k * CG + U(c)) * R + U(r)) * S + U(s)]
-            y[e] = acc
-        e += step
-'''
-    namespace = unsigned_constants(
-        KPQ=key.K * key.P * key.Q, PQ=key.P * key.Q, Q=key.Q, KG=key.K_per_group, CG=key.C_per_group,
-        C=key.C, H=key.H, W=key.W, R=key.R, S=key.S, SH=key.stride[0], SW=key.stride[1],
-        DH=key.dilation[0], DW=key.dilation[1],
-    )
-    namespace.update(TOP=np.int64(key.pad_top), LEFT=np.int64(key.pad_left), zero=np.dtype(key.dtype).type(0))
-    return compile_kernel(source, "winograd_repair", namespace, simulator=simulator)
 
 
 # -- the algorithm objects --------------------------------------------------------------------------
@@ -287,10 +241,6 @@ class WinogradAlgorithm(WinogradTile):
             return (f"{self.title} launches one block row per channel; C={problem.C}, K={problem.K} exceed "
                     f"the {MAX_GRID_Y} one launch can address (direct serves them)")
         return reason
-
-    def tiles(self, problem: ConvProblem) -> tuple[int, int]:
-        """Tile rows and columns per image: ``ceil(P / m)``, ``ceil(Q / m)``."""
-        return -(-problem.P // self.m), -(-problem.Q // self.m)
 
     def image_bytes(self, problem: ConvProblem) -> int:
         """One image's share of ``V`` and ``M``."""
@@ -329,7 +279,8 @@ class WinogradAlgorithm(WinogradTile):
             m_buf = target.empty((a2 * p.K * chunk * per_image,), p.dtype)
             forward = input_transform_kernel(m, key, simulator, threads)
             backward = output_transform_kernel(m, key, simulator, threads)
-            b = bias if bias is not None else placeholder_bias(p.dtype, target)
+            no_bias = placeholder_bias(p.dtype, target)
+            b = bias if bias is not None else no_bias
             engine = resolved_engine(simulator)
             xf, yf = flat(x), flat(y)
             for n0 in range(0, p.N, chunk):
@@ -341,11 +292,9 @@ class WinogradAlgorithm(WinogradTile):
                     _cublas_products(a2 * G, Kg, Cg, tiles, u, v, mm, target, p.dtype, self.tf32_tolerated)
                 else:
                     gemm, grid, block = _own_gemm(p, a2, tiles, target.multiprocessors, simulator)
-                    gemm[grid, block, stream](v, u, placeholder_bias(p.dtype, target), mm, 1)
+                    gemm[grid, block, stream](v, u, no_bias, mm, 1)
                 backward[(-(-tiles // threads), p.K), threads, stream](mm, b, yf, flag, n0, tiles)
-            outputs = y.size
-            blocks = min(-(-outputs // threads), 4 * target.multiprocessors)
-            repair_kernel(key, simulator)[blocks, threads, stream](xf, flat(w), b, yf, flag, outputs)
+            repair_flagged_outputs(key, xf, flat(w), b, yf, flag, target)
         return y
 
 

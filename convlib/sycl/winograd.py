@@ -260,10 +260,6 @@ class WinogradAlgorithm(WinogradTile):
     def __repr__(self) -> str:
         return f"<convlib.sycl.winograd {self.title}>"
 
-    def tiles(self, problem: ConvProblem) -> tuple[int, int]:
-        """Tile rows and columns per image: ``ceil(P / m)``, ``ceil(Q / m)``."""
-        return -(-problem.P // self.m), -(-problem.Q // self.m)
-
     def padded_image_shape(self, problem: ConvProblem) -> tuple[int, int]:
         """Rows and columns of an image as the input transform reads it (zeros around)."""
         tiles_h, tiles_w = self.tiles(problem)
