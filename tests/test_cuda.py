@@ -14,6 +14,7 @@ Runs in three places:
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ import pytest
 import convlib
 from convlib import BackendUnavailable
 from convlib.dispatch.devices import get_backend
+from convlib.core.precision import bfloat16_bits, dtype_name, from_bfloat16_bits, host_bfloat16
 from convlib.core.problem import ConvProblem
 
 from convlib.testing import TOLERANCE, conv2d_reference_for, relative_error
@@ -88,7 +90,7 @@ def make_problem(name) -> ConvProblem:
 
 def random_inputs(problem, seed=0):
     rng = np.random.default_rng(seed)
-    dt = problem.dtype
+    dt = host_bfloat16() if problem.dtype == "bfloat16" else problem.dtype
     x = rng.standard_normal(problem.x_shape).astype(dt)
     w = rng.standard_normal(problem.w_shape).astype(dt)
     b = rng.standard_normal(problem.K).astype(dt) if problem.has_bias else None
@@ -111,7 +113,9 @@ def poisoned_outputs(monkeypatch):
 
     def nan_empty(self, shape, dtype):
         arr = plain_empty(self, shape, dtype)
-        if arr.size and np.dtype(dtype).kind == "f":  # integer workspaces (flags) hold no result
+        if arr.size and dtype_name(dtype) == "bfloat16":  # held as bits: a quiet NaN's
+            arr.copy_to_device(np.full(arr.shape, 0x7FC0, dtype=np.uint16))
+        elif arr.size and np.dtype(dtype).kind == "f":  # integer workspaces (flags) hold no result
             arr.copy_to_device(np.full(arr.shape, np.nan, dtype=dtype))
         return arr
 
@@ -337,6 +341,96 @@ def test_row_stack_workaround_still_needed():
     )
 
 
+# -- float16 and bfloat16 ------------------------------------------------------------------------
+HALVES = ("float16", "bfloat16")
+
+
+def half_problem(case, dtype) -> ConvProblem:
+    """``case`` in ``dtype``; skips bfloat16 where numpy has no host bfloat16 (ml_dtypes)."""
+    if dtype == "bfloat16" and host_bfloat16() is None:
+        pytest.skip("bfloat16 host arrays need ml_dtypes")
+    return replace(make_problem(case), dtype=dtype)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("algo", ALGOS + WINOGRAD)
+def test_half_precisions_match_reference(algo, dtype, poisoned_outputs):
+    """float16 / bfloat16 in, the same dtype out, within half an ulp of the exact result of the
+    half-precision inputs (float32 accumulation, one rounding); inputs kept."""
+    gpu = STATE == "gpu"
+    if algo in ALGOS:
+        case = "3x3-pad1-many-tiles" if gpu else "stride-asympad-dilation-groups-bias"
+    else:
+        case = "wino-resnet-like" if gpu else "wino-pad1-bias-partial-tiles"
+    problem = half_problem(case, dtype)
+    x, w, b = random_inputs(problem, seed=21)
+    copies = [a.copy() for a in (x, w, b) if a is not None]
+    y = call(problem, x, w, b, algo)
+    assert isinstance(y, np.ndarray) and y.dtype == x.dtype and y.shape == problem.y_shape
+    err = relative_error(y, conv2d_reference_for(problem, x, w, b))
+    assert err <= TOLERANCE[dtype], f"cuda/{algo} {problem.describe()}: relative error {err:.3e}"
+    for original, copy in zip((a for a in (x, w, b) if a is not None), copies):
+        assert np.array_equal(original.view(np.uint16), copy.view(np.uint16)), "an input was modified"
+
+
+def _round_once(values32, dtype):
+    """``values32`` (float32) rounded to ``dtype``, as bits: the reference of one rounding."""
+    if dtype == "float16":
+        return values32.astype(np.float16).view(np.uint16)
+    return bfloat16_bits(values32)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_half_results_are_float32_sums_rounded_once(algo, dtype):
+    """A 1x1 convolution adding two channels: every output is the float32 sum of two half values
+    rounded once to the dtype, bit for bit (a sum in half precision, or a second rounding, differ
+    on these inputs); a sum past the dtype's range is inf, a NaN input gives NaN."""
+    half_problem("1x1-stride2", dtype)  # skips bfloat16 without a host bfloat16
+    host = host_bfloat16() if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((3, 2, 4, 64)) * 8).astype(host)
+    biggest = np.finfo(np.float16).max if dtype == "float16" else from_bfloat16_bits(np.uint16(0x7F7F))
+    x[0, :, 0, 0] = biggest
+    x[0, 0, 0, 1] = np.nan
+    w = np.ones((1, 2, 1, 1), host)
+    y = convlib.conv2d(x, w, algo=algo, device="cuda")
+    expected = _round_once(x[:, :1].astype(np.float32) + x[:, 1:].astype(np.float32), dtype)
+    got = y.view(np.uint16)
+    assert y.dtype == x.dtype and np.isposinf(y[0, 0, 0, 0].astype(np.float32)) and np.isnan(y[0, 0, 0, 1].astype(np.float32))
+    finite = np.isfinite(y.astype(np.float32))
+    assert np.array_equal(got[finite], expected[finite]), f"cuda/{algo}: not float32 sums rounded once"
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", HALVES)
+def test_half_precision_backward_passes(dtype):
+    """The three gradients of a float16 / bfloat16 convolution, each in the input's dtype."""
+    from convlib.testing import backward_reference_for
+
+    problem = half_problem("stride-asympad-dilation-groups-bias", dtype)
+    x, w, _ = random_inputs(problem, seed=22)
+    rng = np.random.default_rng(23)
+    dy = rng.standard_normal(problem.y_shape).astype(x.dtype)
+    geometry = dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation, groups=problem.groups)
+    results = {
+        "conv2d_backward_data": (convlib.conv2d_backward_data(dy, w, problem.x_shape, device="cuda", **geometry), (dy, w)),
+        "conv2d_backward_weight": (convlib.conv2d_backward_weight(x, dy, problem.w_shape, device="cuda", **geometry), (x, dy)),
+        "conv2d_backward_bias": (convlib.conv2d_backward_bias(dy, device="cuda"), (dy,)),
+    }
+    for operation, (result, arrays) in results.items():
+        op_problem = replace(problem, operation=operation, has_bias=False)
+        if operation == "conv2d_backward_bias":
+            reference = arrays[0].astype(np.float64).sum(axis=(0, 2, 3))
+        else:
+            reference = backward_reference_for(op_problem, *arrays)
+        assert result.dtype == x.dtype, operation
+        err = relative_error(result, reference)
+        assert err <= TOLERANCE[dtype], f"cuda {operation} {dtype}: relative error {err:.3e}"
+
+
 # -- GPU only: other libraries' arrays, streams, layouts ------------------------------------------
 def _torch_cuda():
     torch = pytest.importorskip("torch")
@@ -369,6 +463,33 @@ def test_torch_in_torch_out_on_a_side_stream(algo):
         result = ty.cpu()  # ordered on the same stream
     assert isinstance(ty, torch.Tensor) and ty.is_cuda and tuple(ty.shape) == problem.y_shape
     assert relative_error(result.numpy(), conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float32"]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("algo", ALGOS + WINOGRAD)
+def test_torch_half_tensors_in_and_out(algo, dtype):
+    """PyTorch CUDA float16 / bfloat16 tensors in, a tensor of the same dtype out, within the
+    dtype's tolerance of the float64 result of the same half-precision values."""
+    torch = _torch_cuda()
+    problem = replace(make_problem("3x3-pad1-many-tiles" if algo in ALGOS else "wino-resnet-like"), dtype=dtype)
+    x, w, b = random_inputs(replace(problem, dtype="float32"), seed=24)
+    tx, tw, tb = (torch.from_numpy(a).cuda().to(getattr(torch, dtype)) for a in (x, w, b))
+    ty = call(problem, tx, tw, tb, algo, device=None)
+    assert isinstance(ty, torch.Tensor) and ty.is_cuda and ty.dtype == tx.dtype and tuple(ty.shape) == problem.y_shape
+    halves = [t.double().cpu().numpy() for t in (tx, tw, tb)]
+    err = relative_error(ty.double().cpu().numpy(), conv2d_reference_for(problem, *halves))
+    assert err <= TOLERANCE[dtype], f"cuda/{algo} {dtype}: relative error {err:.3e}"
+
+
+@needs_gpu
+def test_cupy_float16_in_cupy_float16_out():
+    cupy = pytest.importorskip("cupy")
+    problem = replace(make_problem("3x3-pad1-many-tiles"), dtype="float16")
+    x, w, b = random_inputs(problem, seed=25)
+    y = call(problem, cupy.asarray(x), cupy.asarray(w), cupy.asarray(b), "im2col", device=None)
+    assert isinstance(y, cupy.ndarray) and y.dtype == np.float16
+    assert relative_error(cupy.asnumpy(y), conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float16"]
 
 
 @needs_gpu

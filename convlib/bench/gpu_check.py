@@ -42,15 +42,17 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from ..core.precision import DTYPES, dtype_name
 from ..core.problem import ConvProblem
 from ..core.timing import time_interleaved
 from ..dispatch.devices import resolve_device
 from ..dispatch.plan import plan_for
-from .gpu_report import OUR_ALGOS, render
+from .gpu_report import HALF_TABLES, OUR_ALGOS, render
 
 
 
@@ -198,20 +200,24 @@ def _cudnn(problem, tx, tw, tf32: bool):
     return run
 
 
-def bench_case(label, problem, algos, reps, check=True, tiles=None) -> dict:
-    """Time ``algos`` and cuDNN (TF32 off/on) on ``problem``; returns a row of the tables."""
+def bench_case(label, problem, algos, reps, check=True, tiles=None, dtype="float32") -> dict:
+    """Time ``algos`` and cuDNN (TF32 off/on; in ``dtype`` alone for float16 / bfloat16) on
+    ``problem`` with ``dtype`` tensors (channels-first on both sides); returns a row of the tables."""
     import torch
 
     from convlib.cuda.tables import KNOBS
 
     torch.backends.cudnn.benchmark = True
     gen = torch.Generator(device="cuda").manual_seed(0)
-    tx = torch.randn(problem.x_shape, device="cuda", generator=gen)
-    tw = torch.randn(problem.w_shape, device="cuda", generator=gen) / math.sqrt(problem.gemm_k)
+    tx = torch.randn(problem.x_shape, device="cuda", generator=gen).to(getattr(torch, dtype))
+    tw = (torch.randn(problem.w_shape, device="cuda", generator=gen) / math.sqrt(problem.gemm_k)).to(getattr(torch, dtype))
+    problem = replace(problem, dtype=dtype)
     ref = _cudnn(problem, tx.double(), tw.double(), False)() if check else None
     row = {"label": label, "problem": problem.describe(), "gflop": problem.flops / 1e9,
            "mbytes": problem.bytes_moved / 1e6, "results": {}}
-    runs = {"cudnn": _cudnn(problem, tx, tw, False), "cudnn-tf32": _cudnn(problem, tx, tw, True)}
+    runs = {"cudnn": _cudnn(problem, tx, tw, False)}
+    if dtype == "float32":
+        runs["cudnn-tf32"] = _cudnn(problem, tx, tw, True)
     for algo in algos:
         runs[algo] = _ours(problem, algo, tx, tw)
     for name, run in runs.items():
@@ -252,10 +258,12 @@ class _poisoned_allocations:
         def nan_empty(target, shape, dtype):
             arr = plain(target, shape, dtype)
             owner = getattr(arr, "convlib_owner", None)
-            if np.dtype(dtype).kind != "f":
+            if dtype_name(dtype) not in DTYPES:
                 pass  # integer workspaces (flags) hold no result
             elif owner is not None:
                 (owner.fill_ if hasattr(owner, "fill_") else owner.fill)(float("nan"))
+            elif arr.size and dtype_name(dtype) == "bfloat16":  # held as bits
+                arr.copy_to_device(np.full(arr.shape, 0x7FC0, dtype=np.uint16))
             elif arr.size:
                 arr.copy_to_device(np.full(arr.shape, np.nan, dtype=dtype))
             return arr
@@ -299,6 +307,11 @@ def main(argv=None) -> int:
     parser.add_argument("--tile-sweep", action="store_true", help="also time every GEMM / direct tile on a few shapes")
     parser.add_argument("--no-seed-sweeps", action="store_true", help="skip the seed batch and image-size sweeps")
     parser.add_argument("--profile", action="store_true", help="profile the host side of 200 direct calls on the seed shape")
+    parser.add_argument("--layers", default="", help="only the ResNet-50 layers whose labels contain one of these "
+                        "comma-separated strings (e.g. '3x3,1x1 64'); default all")
+    parser.add_argument("--precisions", default="float32", help="comma-separated dtypes of the ResNet-50 tables: "
+                        "float32 (exact, and TF32 opt-in), float16, bfloat16 (each against cuDNN in that dtype)")
+    parser.add_argument("--skip-seed", action="store_true", help="skip the seed shape and its sweeps")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -327,15 +340,33 @@ def run_bench(args, result: dict, save) -> None:
     result["ceilings"] = ceilings()
     print("ceilings:", result["ceilings"], flush=True)
     seed = ConvProblem(8, 4, 1024, 1024, 4, 3, 3)
-    result["seed"] = [bench_case("N=8 C=K=4 1024^2 3x3", seed, OUR_ALGOS, args.reps)]
+    result["seed"] = [] if args.skip_seed else [bench_case("N=8 C=K=4 1024^2 3x3", seed, OUR_ALGOS, args.reps)]
     save()
-    if not args.no_seed_sweeps and not args.quick:
+    if not args.no_seed_sweeps and not args.quick and not args.skip_seed:
         result["seed_sweeps"] = []
         for n, size in [(8, 256), (8, 512), (8, 2048), (8, 4096), (16, 1024), (32, 1024), (64, 1024), (80, 1024)]:
             problem = ConvProblem(n, 4, size, size, 4, 3, 3)
             result["seed_sweeps"].append(bench_case(f"N={n} {size}^2", problem, ("direct",), args.reps))
             save()
     cases = resnet50(batch=args.batch, quick=args.quick)
+    wanted = [part.strip() for part in args.layers.split(",") if part.strip()]
+    if wanted:
+        cases = [case for case in cases if any(part in case.label for part in wanted)]
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    unknown = set(precisions) - set(HALF_TABLES) - {"float32"}
+    if unknown:
+        raise SystemExit(f"--precisions: unknown {sorted(unknown)}; allowed are float32, {', '.join(HALF_TABLES)}")
+    for dtype in (p for p in precisions if p != "float32"):
+        result[HALF_TABLES[dtype]] = []
+        for case in cases:
+            winograd = ("winograd4", "winograd2") if case.problem.is_winograd_shape else ()
+            row = bench_case(case.label, case.problem, ("blis", "im2col-own", "im2col-cublas") + winograd, args.reps,
+                             dtype=dtype)
+            row["weight"] = case.weight
+            result[HALF_TABLES[dtype]].append(row)
+            save()
+    if "float32" not in precisions:
+        return
     result["resnet50"] = []
     for case in cases:
         winograd = (("winograd2", "winograd4", "winograd4-own", "winograd4-cublas-tf32")

@@ -8,6 +8,8 @@ import statistics
 #: Our candidates in the tables, in column order (``im2col-own``: im2col with that GEMM engine;
 #: Winograd's engine is chosen the same way, cuBLAS by default).
 OUR_ALGOS = ("direct", "blis", "im2col-own", "im2col-cublas", "winograd2", "winograd4", "winograd4-own")
+#: The report's key of the ResNet-50 table of each half precision.
+HALF_TABLES = {"float16": "resnet50_float16", "bfloat16": "resnet50_bfloat16"}
 #: Our candidates with ``allow_tf32=True`` (compared with cuDNN TF32, not in the exact columns).
 TF32_ALGOS = ("im2col-cublas-tf32", "winograd4-cublas-tf32")
 
@@ -109,14 +111,22 @@ def render(report) -> str:
     if "ceilings" in report:
         c = report["ceilings"]
         parts.append(f"ceilings: copy {c['copy_GBps']:.0f} GB/s (read + write); FP32 matmul (TF32 off) {c['sgemm_TFLOPs']:.1f} TFLOP/s")
-        parts.append(seed_table(report["seed"], c))
+        if report["seed"]:
+            parts.append(seed_table(report["seed"], c))
         if report.get("seed_sweeps"):
             parts.append(sweep_table(report["seed_sweeps"], c))
-        table, geo = resnet_table(report["resnet50"])
-        report["geomean"] = geo
-        parts.append(table)
-        all_rows = report["seed"] + report.get("seed_sweeps", []) + report["resnet50"]
-        errors = [(r["label"], n, e["rel_error"]) for r in all_rows for n, e in r["results"].items() if "rel_error" in e]
+        if report.get("resnet50"):
+            table, geo = resnet_table(report["resnet50"])
+            report["geomean"] = geo
+            parts.append(table)
+        for dtype, key in HALF_TABLES.items():
+            if report.get(key):
+                table, report[f"geomean_{dtype}"] = half_table(report[key], dtype)
+                parts.append(table)
+        all_rows = (report["seed"] + report.get("seed_sweeps", []) + report.get("resnet50", [])
+                    + [row for key in HALF_TABLES.values() for row in report.get(key, [])])
+        errors = [(r["label"], f"{n} {r['problem'].split()[-1]}", e["rel_error"])
+                  for r in all_rows for n, e in r["results"].items() if "rel_error" in e]
         worst = {}
         for label, n, e in errors:
             worst[n] = max(worst.get(n, 0.0), e)
@@ -128,3 +138,24 @@ def render(report) -> str:
         best = sorted((v["gpu_ms"], k) for k, v in row["results"].items() if "gpu_ms" in v)
         parts.append(f"sweep {row['label']}: " + ", ".join(f"{k} {ms:.3f}ms" for ms, k in best[:8]))
     return "\n\n".join(parts) + "\n"
+
+
+def half_table(rows, dtype) -> tuple[str, float | None]:
+    """ResNet-50 in ``dtype``: our candidates' throughput against cuDNN's in the same dtype."""
+    names = ["cudnn"] + [a for a in OUR_ALGOS if any(a in r["results"] for r in rows)]
+    lines = [
+        f"| layer (batch 128, {dtype}) | GFLOP | " + " | ".join(f"{n} TFLOP/s" for n in names) + f" | best ours / cuDNN {dtype} |",
+        "|---|---|" + "---|" * len(names) + "---|",
+    ]
+    best_ratios = []
+    for row in rows:
+        res = row["results"]
+        rate = {n: (row["gflop"] / res[n]["gpu_ms"] if res.get(n, {}).get("gpu_ms") else None) for n in names}
+        ours = [rate[a] for a in names[1:] if rate[a]]
+        best = max(ours) / rate["cudnn"] if ours and rate["cudnn"] else None
+        if best:
+            best_ratios.append(best)
+        lines.append(f"| {row['label']} | {row['gflop']:.1f} | " + " | ".join(_fmt(rate[n]) for n in names) + f" | {_fmt(best)} |")
+    geo = math.exp(statistics.fmean(math.log(r) for r in best_ratios)) if best_ratios else None
+    lines.append(f"| **geometric mean, best ours / cuDNN {dtype}** | | " + " | ".join("" for _ in names) + f" | **{_fmt(geo)}** |")
+    return "\n".join(lines), geo

@@ -47,6 +47,16 @@ class Backend:
 
     name = "?"
 
+    #: The problem dtypes this backend computes (:mod:`convlib.core.precision`). Dispatch refuses
+    #: the others with a ``TypeError`` naming the backends that compute them.
+    dtypes: tuple[str, ...] = ("float32", "float64")
+
+    def widened(self, implementation):
+        """``implementation`` (written for float32 problems) made to serve problems of a
+        widened dtype (float16, bfloat16): inputs widened to float32, the result rounded back.
+        Only backends that list those dtypes in :attr:`dtypes` implement it."""
+        raise NotImplementedError(f"the {self.name} backend computes {', '.join(self.dtypes)} only")
+
     def unavailable_reason(self) -> str | None:
         """None when usable here, else why not and how to install it."""
         raise NotImplementedError

@@ -15,8 +15,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .options import options
+from .precision import COMPUTE_DTYPE, DTYPES, ITEMSIZE, dtype_name
 
-SUPPORTED_DTYPES = ("float32", "float64")
+#: Every dtype a problem may have (:mod:`convlib.core.precision`): float32 and float64 on every
+#: backend, float16 and bfloat16 where a backend widens them (CUDA).
+SUPPORTED_DTYPES = DTYPES
 
 #: The operations a problem can describe, each on the same forward geometry:
 #:
@@ -49,7 +52,8 @@ class ConvProblem:
     groups : int
         Number of groups; divides both ``C`` and ``K``.
     dtype : str
-        ``"float32"`` or ``"float64"``, shared by x, w, bias and the result.
+        ``"float32"``, ``"float64"``, ``"float16"`` or ``"bfloat16"``, shared by x, w, bias and
+        the result. The 16-bit ones are computed in float32 (:attr:`compute_dtype`).
     has_bias : bool
         Whether a bias is added to the result: shape ``(K,)`` for ``conv2d``, ``(C,)`` for
         ``conv2d_backward_data`` (``conv_transpose2d``).
@@ -170,7 +174,17 @@ class ConvProblem:
 
     @property
     def itemsize(self) -> int:
-        return np.dtype(self.dtype).itemsize
+        return ITEMSIZE[self.dtype]
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the arithmetic runs in: float32 for float16 and bfloat16, else :attr:`dtype`."""
+        return COMPUTE_DTYPE[self.dtype]
+
+    def widened(self) -> "ConvProblem":
+        """This problem in :attr:`compute_dtype`: what the kernels solve for a float16 or
+        bfloat16 problem (itself for float32 and float64)."""
+        return self if self.compute_dtype == self.dtype else replace(self, dtype=self.compute_dtype)
 
     # -- GEMM view (per group) -------------------------------------------------------------
     @property
@@ -325,21 +339,17 @@ def _groups(groups) -> int:
     return int(groups)
 
 
-def array_dtype(name: str, arr) -> np.dtype:
-    """The numpy dtype of any supported array kind, or a ``TypeError`` naming ``name``."""
+def array_dtype(name: str, arr) -> str:
+    """The dtype name of any supported array kind (numpy, ``ml_dtypes.bfloat16`` arrays, PyTorch
+    tensors, CUDA and SYCL arrays), or a ``TypeError`` naming ``name``."""
     dt = getattr(arr, "dtype", None)
-    try:
-        dt = np.dtype(dt) if dt is not None else None
-    except TypeError:
-        # e.g. a torch dtype: fall back on the CUDA array interface's type string.
-        cai = getattr(arr, "__cuda_array_interface__", None)
-        dt = np.dtype(cai["typestr"]) if cai else None
     if dt is None:
         raise TypeError(f"{name} of type {type(arr).__name__} is not an array; pass a numpy (or device) array")
-    if dt.name not in SUPPORTED_DTYPES:
+    dt = dtype_name(dt)
+    if dt not in SUPPORTED_DTYPES:
         raise TypeError(
-            f"{name} has dtype {dt.name}; allowed dtypes are float32 and float64 "
-            "(integer, bool, complex and object arrays are not convolved)"
+            f"{name} has dtype {dt}; allowed dtypes are float32 and float64 (every device), float16 and "
+            "bfloat16 (CUDA); integer, bool, complex and object arrays are not convolved"
         )
     return dt
 
@@ -367,8 +377,8 @@ def make_problem(
         Shapes of the input ``(N, C, H, W)`` and the filters ``(K, C // groups, R, S)``.
     bias_shape : tuple of int or None
         Shape of the bias, ``(K,)``, or None.
-    x_dtype, w_dtype, bias_dtype : numpy.dtype
-        Dtypes (already checked to be float32/float64 by :func:`array_dtype`).
+    x_dtype, w_dtype, bias_dtype : str or numpy.dtype
+        Dtypes (already checked by :func:`array_dtype`).
     stride, padding, dilation, groups
         As in :func:`convlib.conv2d`.
     x_name, w_name : str
@@ -404,9 +414,11 @@ def make_problem(
             f"{w_name} has shape {tuple(w_shape)}: its second dimension must be C/groups = {C}/{groups} = "
             f"{C // groups}, got {Cg}"
         )
+    x_dtype, w_dtype = dtype_name(x_dtype), dtype_name(w_dtype)
     if x_dtype != w_dtype:
         raise TypeError(f"{x_name} has dtype {x_dtype} but {w_name} has dtype {w_dtype}; they (and bias) must share one dtype")
     if bias_shape is not None:
+        bias_dtype = dtype_name(bias_dtype)
         if tuple(bias_shape) != (K,):
             raise ValueError(f"bias has shape {tuple(bias_shape)}; it must be (K,) = ({K},)")
         if bias_dtype != x_dtype:
@@ -416,7 +428,7 @@ def make_problem(
     padding_p = padding_sides(padding, R, S, stride_p, dilation_p)
     problem = ConvProblem(
         N, C, H, W, K, R, S, stride_p, padding_p, dilation_p, groups,
-        np.dtype(x_dtype).name, bias_shape is not None, _checked=True,
+        x_dtype, bias_shape is not None, _checked=True,
     )
     _check_sizes(problem)
     return problem
@@ -458,7 +470,7 @@ def make_backward_data_problem(dy_shape, w_shape, x_shape, dy_dtype, w_dtype, *,
     geometry of ``x_shape`` and ``w``, with ``dy`` of its output's shape."""
     x_shape = shape_argument("x_shape", x_shape)
     _check_dy_is_4d(dy_shape)
-    if dy_dtype != w_dtype:
+    if dtype_name(dy_dtype) != dtype_name(w_dtype):
         raise TypeError(f"dy has dtype {dy_dtype} but w has dtype {w_dtype}; they must share one dtype")
     problem = make_problem(x_shape, w_shape, None, dy_dtype, w_dtype, stride=stride, padding=padding,
                            dilation=dilation, groups=groups, x_name="x_shape")
@@ -471,7 +483,7 @@ def make_backward_weight_problem(x_shape, dy_shape, w_shape, x_dtype, dy_dtype, 
     """The validated problem of ``conv2d_backward_weight(x, dy, w_shape, ...)``."""
     w_shape = shape_argument("w_shape", w_shape)
     _check_dy_is_4d(dy_shape)
-    if x_dtype != dy_dtype:
+    if dtype_name(x_dtype) != dtype_name(dy_dtype):
         raise TypeError(f"x has dtype {x_dtype} but dy has dtype {dy_dtype}; they must share one dtype")
     problem = make_problem(x_shape, w_shape, None, x_dtype, dy_dtype, stride=stride, padding=padding,
                            dilation=dilation, groups=groups, w_name="w_shape")
@@ -486,7 +498,7 @@ def make_backward_bias_problem(dy_shape, dy_dtype) -> ConvProblem:
     N, K, P, Q = (int(v) for v in dy_shape)
     if min(K, P, Q) < 1:
         raise ValueError(f"dy has shape {tuple(dy_shape)}; K, P and Q must be >= 1 (only N may be 0)")
-    return ConvProblem(N, K, P, Q, K, 1, 1, dtype=np.dtype(dy_dtype).name, operation="conv2d_backward_bias")
+    return ConvProblem(N, K, P, Q, K, 1, 1, dtype=dtype_name(dy_dtype), operation="conv2d_backward_bias")
 
 
 def make_transpose_problem(x_shape, w_shape, bias_shape, x_dtype, w_dtype, bias_dtype=None, *, stride=1,
@@ -519,7 +531,7 @@ def make_transpose_problem(x_shape, w_shape, bias_shape, x_dtype, w_dtype, bias_
             "(conv_transpose2d's weight layout is (C_in, C_out/groups, R, S), as PyTorch's)")
     if C_in % groups:
         raise ValueError(f"groups={groups} must divide the input channels C_in={C_in}")
-    if x_dtype != w_dtype:
+    if dtype_name(x_dtype) != dtype_name(w_dtype):
         raise TypeError(f"x has dtype {x_dtype} but w has dtype {w_dtype}; they (and bias) must share one dtype")
     stride_p = _int_pair("stride", stride, 1)
     dilation_p = _int_pair("dilation", dilation, 1)
@@ -540,7 +552,7 @@ def make_transpose_problem(x_shape, w_shape, bias_shape, x_dtype, w_dtype, bias_
     if bias_shape is not None:
         if tuple(bias_shape) != (C_out,):
             raise ValueError(f"bias has shape {tuple(bias_shape)}; it must be (C_out,) = ({C_out},)")
-        if bias_dtype != x_dtype:
+        if dtype_name(bias_dtype) != dtype_name(x_dtype):
             raise TypeError(f"bias has dtype {bias_dtype} but x has dtype {x_dtype}; they must share one dtype")
     problem = make_problem((N, C_out, H_out, W_out), w_shape, None, x_dtype, w_dtype, stride=stride_p,
                            padding=padding_p, dilation=dilation_p, groups=groups, x_name="the output")

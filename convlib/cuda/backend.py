@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.contracts import Backend
+from ..core.precision import DTYPES, bfloat16_bits, dtype_name
 from .launch import cuda, simulator_enabled
 
 INSTALL_HINT = "install it with: pip install 'convlib[cuda]' (numba-cuda; it needs numba >= 0.60)"
@@ -157,14 +158,21 @@ class CudaTarget:
         """An uninitialised C-contiguous device array, from the input's own allocator.
 
         Returns a numba device array; when PyTorch or CuPy allocated it, their array is kept as
-        ``convlib_owner`` so that :meth:`CudaBackend.finish` can hand it back unchanged.
+        ``convlib_owner`` so that :meth:`CudaBackend.finish` can hand it back unchanged. A
+        ``"bfloat16"`` array is seen by numba as its ``uint16`` bits.
         """
         shape = tuple(int(s) for s in shape)
+        dtype = dtype_name(dtype)
         if self.library == "torch":
             import torch
 
-            owner = torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name), device=f"cuda:{self.ordinal}")
-        elif self.library == "cupy":
+            owner = torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{self.ordinal}")
+            view = cuda.as_cuda_array(owner.view(torch.uint16) if dtype == "bfloat16" else owner, sync=False)
+            view.convlib_owner = owner
+            return view
+        if dtype == "bfloat16":  # CuPy has no bfloat16: numba holds the bits
+            return cuda.device_array(shape, dtype=np.uint16, stream=self.stream)
+        if self.library == "cupy":
             import cupy
 
             with cupy.cuda.Device(self.ordinal):
@@ -262,6 +270,12 @@ class CudaBackend(Backend):
     """numba-cuda kernels on an NVIDIA GPU (or numba-cuda's simulator)."""
 
     name = "cuda"
+    dtypes = DTYPES
+
+    def widened(self, implementation):
+        from .half import widened
+
+        return widened(implementation)
 
     def unavailable_reason(self):
         return _unavailable_reason()
@@ -313,11 +327,14 @@ class CudaBackend(Backend):
     def prepare(self, arr, dtype, handle):
         with handle.activate():
             if not is_cuda_array(arr):
-                host = np.ascontiguousarray(arr, dtype=dtype)
-                return cuda.to_device(host, stream=handle.stream)
+                return cuda.to_device(_host_contiguous(arr, dtype), stream=handle.stream)
             if type(arr).__name__ == "FakeCUDAArray":
                 dev = arr
             else:
+                if dtype == "bfloat16" and _library(arr) == "torch":
+                    import torch
+
+                    arr = arr.view(torch.uint16)  # numba sees bfloat16 as its bits
                 # Our launches go to x's stream; an array exported on another stream must be
                 # complete before they start. (One read of the interface: PyTorch rebuilds it.)
                 cai = arr.__cuda_array_interface__
@@ -345,7 +362,11 @@ class CudaBackend(Backend):
     def finish(self, y, like, handle):
         if not is_cuda_array(like):
             with handle.activate():
-                return y.copy_to_host(stream=handle.stream)
+                host = y.copy_to_host(stream=handle.stream)
+            like_dtype = getattr(like, "dtype", None)
+            if like_dtype is not None and dtype_name(like_dtype) == "bfloat16":
+                host = host.view(like_dtype)  # the bits back under ml_dtypes' bfloat16
+            return host
         owner = getattr(y, "convlib_owner", None)
         if owner is not None:
             return owner
@@ -359,6 +380,17 @@ class CudaBackend(Backend):
 
             return cupy.asarray(y)
         return y
+
+
+def _host_contiguous(arr, dtype: str) -> np.ndarray:
+    """A host array as the C-contiguous array the device receives: of ``dtype``, and for
+    ``"bfloat16"`` its ``uint16`` bits (values of another dtype rounded to nearest even)."""
+    if dtype != "bfloat16":
+        return np.ascontiguousarray(arr, dtype=dtype)
+    arr = np.asarray(arr)
+    if arr.dtype.name == "bfloat16":
+        return np.ascontiguousarray(arr).view(np.uint16)
+    return bfloat16_bits(arr)
 
 
 def _current_device(simulator: bool) -> int:

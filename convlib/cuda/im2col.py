@@ -41,6 +41,11 @@ from .codegen import compile_kernel, unsigned_constants
 from .gemm import COLUMNS, gemm_kernel, gemm_launch_shape, shape_key
 from .launch import MAX_GRID_Y, flat, placeholder_bias
 
+#: The GEMM multiplies a copy of ``x`` (the column matrix) by ``w``: widened float16 / bfloat16
+#: inputs are exact in TF32, so :mod:`convlib.cuda.half` lets it use tensor cores without loss.
+GEMM_OF_INPUTS = True
+
+
 @functools.cache
 def cupy_available() -> bool:
     """Whether CuPy can be imported (it is never imported by convlib before it is used)."""

@@ -31,10 +31,11 @@ else:
 
 
 def scalar_type(name: str):
-    """The numba scalar type ``name`` (``"uint64"``, ``"float32"``, ...), for casts in kernels."""
+    """The numba scalar type ``name`` (``"uint64"``, ``"float32"``, ``"float16"``, ...), for casts
+    in kernels."""
     import numba
 
-    return getattr(numba, name)
+    return getattr(numba, name, None) or getattr(numba.types, name)
 
 
 def simulator_enabled() -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..core.contracts import Backend, BackendUnavailable
+from ..core.precision import host_bfloat16
 from ..sycl.environment import configure_environment_if_installed
 
 # The OpenCL runtime's variables must be set before user code imports dpnp or dpctl, so they are
@@ -40,6 +41,26 @@ def get_backend(name: str) -> Backend:
     """The :class:`~convlib.core.contracts.Backend` called ``name`` (``"cpu"``, ``"sycl"``, ``"cuda"``)."""
     module, attr = BACKEND_LOCATIONS[name].split(":")
     return getattr(importlib.import_module(module), attr)
+
+
+#: What the messages call each operation's first array.
+FIRST_ARRAY = {"conv2d": "x", "conv2d_backward_data": "dy", "conv2d_backward_weight": "x", "conv2d_backward_bias": "dy"}
+
+
+def dtype_refusal(dtype: str, backend: str, operation: str = "conv2d") -> str:
+    """Why ``backend`` refuses problems of ``dtype``, and which backends compute it."""
+    accepting = []
+    for name in BACKEND_LOCATIONS:
+        try:
+            if dtype in get_backend(name).dtypes:
+                accepting.append(name)
+        except ImportError:
+            continue
+    own = ", ".join(get_backend(backend).dtypes)
+    where = ("cuda (pass device='cuda', or CuPy / PyTorch CUDA arrays)" if accepting == ["cuda"]
+             else ", ".join(accepting) or "no backend")
+    return (f"{FIRST_ARRAY[operation]} has dtype {dtype}, which the {backend} backend does not compute (it "
+            f"computes {own}); {dtype} is computed on: {where}; or convert the arrays to float32")
 
 
 def array_backend(arr) -> str | None:
@@ -73,6 +94,8 @@ def host_array(name: str, arr):
     # Before array_backend: asking a PyTorch CPU tensor for __cuda_array_interface__ raises
     # inside the property, which took longer than the rest of a small call's dispatch.
     if is_torch_cpu_tensor(arr):
+        if str(arr.dtype) == "torch.bfloat16":  # numpy has none: ml_dtypes' over the same bits
+            return _bfloat16_host(name, arr)
         return arr.detach().numpy()  # shares the tensor's memory; nothing is written to it
     if array_backend(arr) != "cpu":
         return arr
@@ -82,12 +105,25 @@ def host_array(name: str, arr):
         raise TypeError(f"{name} of type {type(arr).__name__} cannot be read as an array: {exc}") from None
 
 
+def _bfloat16_host(name: str, tensor):
+    import torch
+
+    host_dtype = host_bfloat16()
+    if host_dtype is None:
+        raise TypeError(f"{name} is a bfloat16 PyTorch CPU tensor: bfloat16 is computed on CUDA only (pass CUDA "
+                        f"tensors, {name}.cuda()), and reading it from host memory needs ml_dtypes (pip install "
+                        "ml-dtypes)")
+    return tensor.detach().view(torch.int16).numpy().view(host_dtype)
+
+
 def result_kind(y, like):
     """The result in the kind of the user's ``like``, for host kinds the backend does not know:
     a numpy result for a PyTorch CPU tensor becomes a PyTorch tensor over the same memory."""
     if isinstance(y, np.ndarray) and is_torch_cpu_tensor(like):
         import torch
 
+        if y.dtype.name == "bfloat16":
+            return torch.from_numpy(y.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(y)
     return y
 

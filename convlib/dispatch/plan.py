@@ -41,7 +41,7 @@ import numpy as np
 from ..core.options import options
 from ..core.problem import ConvProblem
 from . import registry
-from .devices import ResolvedDevice, get_backend, resolve_device, result_kind
+from .devices import ResolvedDevice, dtype_refusal, get_backend, resolve_device, result_kind
 from .pieces import conv2d_pieces
 from .select import choose, selection_state
 
@@ -108,7 +108,7 @@ class Plan:
         problem, backend, handle = self.problem, self.target.backend, self.target.handle
         if problem.N == 0:  # no kernel runs: an empty result, or the zero sum over no images
             if self.operation in REDUCE_OVER_BATCH:
-                return backend.prepare(np.zeros(problem.output_shape, problem.dtype), problem.dtype, handle)
+                return backend.prepare(np.zeros(problem.output_shape, problem.compute_dtype), problem.dtype, handle)
             return backend.empty(problem.output_shape, problem.dtype, handle)
         check_result_fits(self.operation, problem, self.target)
         pieces = self.pieces(options.workspace_cap)
@@ -143,7 +143,7 @@ class Plan:
         elif piece.h1 > piece.h0:
             part = backend.prepare(x[piece.n0:piece.n1, :, piece.h0:piece.h1], dtype, handle)
         else:  # the band reads only padding: a zero image of its height
-            part = backend.prepare(np.zeros(piece.problem.x_shape, dtype), dtype, handle)
+            part = backend.prepare(np.zeros(piece.problem.x_shape, piece.problem.compute_dtype), dtype, handle)
         return self.implementation.run(piece.problem, part, w, bias, handle)
 
     def run(self, *arrays, like=None):
@@ -209,23 +209,34 @@ def plan_for(operation: str, problem: ConvProblem, target: ResolvedDevice, algo:
     NotImplementedError
         ``algo`` cannot serve ``problem`` on this backend; the message lists the algorithms that
         can.
+    TypeError
+        The backend does not compute the problem's dtype (float16 and bfloat16 off CUDA); the
+        message names the backends that do.
     """
     if operation != problem.operation:
         raise ValueError(f"operation={operation!r} but the problem describes {problem.operation!r}")
     backend = target.name
+    if problem.dtype not in target.backend.dtypes:
+        raise TypeError(dtype_refusal(problem.dtype, backend, operation))
+    # A float16 / bfloat16 problem is chosen for and solved as its float32 twin
+    # (convlib.core.precision); the backend wraps the implementation to widen and round back.
+    solved = problem.widened()
     if algo == "auto":
-        choice = choose(operation, problem, target)
+        choice = choose(operation, solved, target)
         algo, reason = choice.algo, choice.reason
     else:
-        why_not = registry.unsupported_reason(operation, backend, algo, problem)
+        why_not = registry.unsupported_reason(operation, backend, algo, solved)
         if why_not is not None:
-            able = registry.serving_algorithms(operation, backend, problem)
+            able = registry.serving_algorithms(operation, backend, solved)
             raise NotImplementedError(
                 f"algo={algo!r} cannot serve this problem on {backend}: {why_not}. "
                 f"Algorithms that can: {', '.join(able) or 'none'}"
             )
         reason = "asked for"
-    return Plan(operation, problem, target, algo, registry.implementation(operation, backend, algo), reason)
+    implementation = registry.implementation(operation, backend, algo)
+    if solved is not problem:
+        implementation = target.backend.widened(implementation)
+    return Plan(operation, problem, target, algo, implementation, reason)
 
 
 def make_plan(operation: str, problem: ConvProblem, device=None, algo: str = "auto", arrays=()) -> Plan:
