@@ -450,6 +450,34 @@ def test_cupy_in_cupy_out(algo):
     assert relative_error(cupy.asnumpy(y), conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float32"]
 
 
+@needs_cuda
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_pieces_under_a_small_workspace_cap(dtype, poisoned_outputs):
+    """A cap far below the problem's workspace cuts it into pieces, each written into the result
+    on the call's stream: the result is whole and right."""
+    problem = replace(make_problem("wino-pad1-bias-partial-tiles"), dtype=dtype)
+    x, w, b = random_inputs(problem, seed=26)
+    plan = convlib.dispatch.plan.make_plan("conv2d", problem, "cuda", "im2col")
+    with convlib.option_context(workspace_cap=plan.workspace_bytes() // 3):
+        assert len(plan.pieces(convlib.options.workspace_cap)) > 1
+        y = call(problem, x, w, b, "im2col")
+    assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[dtype]
+
+
+@needs_gpu
+def test_pieces_on_a_side_stream():
+    """Pieces of a PyTorch call on a side stream (non-blocking) are written on that stream."""
+    torch = _torch_cuda()
+    problem = make_problem("3x3-pad1-many-tiles")
+    x, w, b = random_inputs(problem, seed=27)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), convlib.option_context(workspace_cap=2**20):
+        tx, tw, tb = (torch.from_numpy(a).cuda() for a in (x, w, b))
+        ty = call(problem, tx, tw, tb, "im2col", device=None)
+        result = ty.cpu()
+    assert relative_error(result.numpy(), conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float32"]
+
+
 @needs_gpu
 @pytest.mark.parametrize("algo", ALGOS + WINOGRAD)
 def test_torch_in_torch_out_on_a_side_stream(algo):

@@ -90,6 +90,11 @@ class Backend:
         """An uninitialised array on the device."""
         raise NotImplementedError
 
+    def write(self, y, key, value, handle) -> None:
+        """``y[key] = value`` for device arrays, ordered after the work already submitted to
+        ``handle`` (a piece of a result computed in pieces); by default plain assignment."""
+        y[key] = value
+
     def memory_available(self, handle, nbytes: int) -> int | None:
         """Bytes the device behind ``handle`` can still allocate, or None when unknown; asked
         before a result of ``nbytes`` is allocated (a backend may answer cheaply for small ones)."""

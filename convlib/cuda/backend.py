@@ -348,6 +348,16 @@ class CudaBackend(Backend):
         with handle.activate():
             return handle.empty(shape, dtype)
 
+    def write(self, y, key, value, handle):
+        # numba's y[key] = value runs on the context's default stream and synchronises the host
+        # unless y has a stream of its own (arrays over PyTorch or CuPy memory have none): on
+        # the call's stream it is ordered after the piece that computed value, without waiting.
+        with handle.activate():
+            if handle.simulator:  # its arrays have no setitem, and one stream
+                y[key] = value
+            else:
+                y.setitem(key, value, stream=handle.stream)
+
     def memory_available(self, handle, nbytes):
         # The device's total: what is free depends on the caching allocators of PyTorch and CuPy,
         # which hand memory back on demand; a result beyond the total can never be allocated.

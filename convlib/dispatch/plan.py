@@ -130,9 +130,11 @@ class Plan:
         return splitter(self.problem, lambda p: self.implementation.workspace_bytes(p, self.target.handle), cap)
 
     def _execute_in_pieces(self, pieces, x, w, bias):
-        y = self.target.backend.empty(self.problem.output_shape, self.problem.dtype, self.target.handle)
+        backend, handle = self.target.backend, self.target.handle
+        y = backend.empty(self.problem.output_shape, self.problem.dtype, handle)
         for piece in pieces:
-            y[piece.n0:piece.n1, :, piece.p0:piece.p1] = self._run_piece(piece, x, w, bias)
+            part = self._run_piece(piece, x, w, bias)
+            backend.write(y, (slice(piece.n0, piece.n1), slice(None), slice(piece.p0, piece.p1)), part, handle)
         return y
 
     def _run_piece(self, piece, x, w, bias):
