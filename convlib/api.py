@@ -111,7 +111,9 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
     Parameters
     ----------
     x : array, shape (N, C, H, W)
-        Input, float32 or float64. A numpy array (or array-like), a PyTorch tensor, a dpnp /
+        Input, float32 or float64 (every device), float16 or bfloat16 (CUDA: computed in float32,
+        the result rounded once; other devices raise ``TypeError``). A numpy array (or
+        array-like), a PyTorch tensor, a dpnp /
         dpctl.tensor array, a CUDA array (CuPy, numba device array, PyTorch CUDA tensor), or a
         Dask array (the result is then a lazy Dask array, each block computed by this function:
         :mod:`convlib.dask`, docs/dask.md). Never modified.
@@ -208,7 +210,7 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     Parameters
     ----------
     dy : array, shape (N, K, P, Q)
-        The gradient of the loss with respect to conv2d's output, float32 or float64.
+        The gradient of the loss with respect to conv2d's output, float32 or float64 (float16 or bfloat16 on CUDA).
     w : array, shape (K, C // groups, R, S)
         The filters of the forward convolution, same dtype as ``dy``.
     x_shape : tuple of 4 ints
@@ -266,7 +268,7 @@ def conv2d_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     Parameters
     ----------
     x : array, shape (N, C, H, W)
-        The forward convolution's input, float32 or float64.
+        The forward convolution's input, float32 or float64 (float16 or bfloat16 on CUDA).
     dy : array, shape (N, K, P, Q)
         The gradient with respect to its output, same dtype as ``x``.
     w_shape : tuple of 4 ints
@@ -312,7 +314,7 @@ def conv2d_backward_bias(dy, *, algo="auto", device=None):
     Parameters
     ----------
     dy : array, shape (N, K, P, Q)
-        The gradient with respect to conv2d's output, float32 or float64.
+        The gradient with respect to conv2d's output, float32 or float64 (float16 or bfloat16 on CUDA).
     algo : {"auto", "direct"}
         ``"direct"``: a blocked sum per channel (float32 sums in blocks, so the error stays that
         of the block size, not of ``N * P * Q``).
@@ -345,7 +347,7 @@ def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, 
     Parameters
     ----------
     x : array, shape (N, C_in, H, W)
-        Input, float32 or float64.
+        Input, float32 or float64 (float16 or bfloat16 on CUDA).
     w : array, shape (C_in, C_out // groups, R, S)
         Filters, in PyTorch's layout for transposed convolutions.
     bias : array, shape (C_out,), optional

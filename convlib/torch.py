@@ -238,7 +238,8 @@ def conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=
     Parameters
     ----------
     input : Tensor, shape (N, C, H, W) or (C, H, W)
-        float32 or float64, on the CPU or a CUDA GPU. A 3-D input is one image, as in PyTorch.
+        float32 or float64, on the CPU or a CUDA GPU (float16 and bfloat16 on a CUDA GPU only).
+        A 3-D input is one image, as in PyTorch.
     weight : Tensor, shape (K, C // groups, R, S)
     bias : Tensor, shape (K,), optional
     stride, padding, dilation, groups
@@ -259,7 +260,7 @@ def conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=
     Raises
     ------
     TypeError, ValueError, NotImplementedError
-        As :func:`convlib.conv2d` (a dtype other than float32 and float64 included).
+        As :func:`convlib.conv2d` (float16 and bfloat16 off CUDA included).
     """
     check_algo(algo)
     check_algo(backward_algo)
@@ -289,7 +290,7 @@ class Conv2d(torch.nn.Conv2d):
     -----
     Only the arithmetic changes: parameters are created and initialised by ``nn.Conv2d`` itself
     (the same random draws, so the same seed gives the same weights), and the convolution is
-    :func:`conv2d` of this module. float32 and float64 only.
+    :func:`conv2d` of this module. float32 and float64 (float16 and bfloat16 on CUDA).
 
     Examples
     --------
