@@ -109,9 +109,23 @@ def test_allow_tf32_is_a_validated_permission():
     assert convlib.options.allow_tf32 is False
 
 
-def test_allow_tf32_reaches_dask_blocks():
+def test_allow_tf32_reaches_dask_blocks(monkeypatch):
+    """Every block's call sets the permission (a spy on the option it sets: the CPU computes the
+    same either way, so the result alone could not tell a dropped flag)."""
     da = pytest.importorskip("dask.array")
+    import convlib.api
+
     x = np.random.default_rng(2).standard_normal((2, 3, 10, 10)).astype(np.float32)
     w = np.random.default_rng(3).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    permissions, plain = [], convlib.api.option_context
+
+    def spy(**changes):
+        permissions.append(changes.get("allow_tf32"))
+        return plain(**changes)
+
+    monkeypatch.setattr(convlib.api, "option_context", spy)
     lazy = convlib.conv2d(da.from_array(x, chunks=(1, 3, 5, 10)), w, padding=1, allow_tf32=True)
-    assert np.allclose(lazy.compute(), convlib.conv2d(x, w, padding=1), rtol=1e-5, atol=1e-5)
+    permissions.clear()  # the call that built the graph
+    y = lazy.compute(scheduler="synchronous")
+    assert permissions == [True] * lazy.npartitions, f"blocks saw allow_tf32={permissions}"
+    assert np.allclose(y, convlib.conv2d(x, w, padding=1), rtol=1e-5, atol=1e-5)

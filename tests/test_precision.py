@@ -67,3 +67,10 @@ def test_bfloat16_rounding_matches_an_independent_implementation():
     assert np.isnan(from_bfloat16_bits(ours[nan])).all(), "a NaN must stay a NaN"
     representable = from_bfloat16_bits(ours[~nan])
     assert np.array_equal(bfloat16_bits(representable), ours[~nan]), "bfloat16 values must convert exactly"
+
+
+def test_dask_refuses_half_precision_chunks_when_the_graph_is_built():
+    da = pytest.importorskip("dask.array")
+    x = da.zeros((2, 3, 8, 8), chunks=(1, 3, 8, 8), dtype=np.float16)
+    with pytest.raises(TypeError, match="x has dtype float16, which the cpu backend does not compute"):
+        convlib.conv2d(x, np.zeros((4, 3, 3, 3), np.float16))
