@@ -19,13 +19,33 @@ first (Winograd) keep exact float32 GEMMs unless ``allow_tf32`` asks otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 
 import numpy as np
 
-from ..core.options import option_context, options
 from .launch import cuda, flat, scalar_type
 from .tables import KNOBS
+
+# Per thread, not in convlib.options: another thread's exact float32 call must never see it.
+_GEMM_OF_WIDENED_INPUTS = threading.local()
+
+
+def gemm_of_widened_inputs() -> bool:
+    """Whether the GEMM this thread is running multiplies widened float16 / bfloat16 inputs
+    themselves (exact in TF32: the module docstring)."""
+    return getattr(_GEMM_OF_WIDENED_INPUTS, "active", False)
+
+
+@contextlib.contextmanager
+def _widened_inputs(active: bool):
+    saved = gemm_of_widened_inputs()
+    _GEMM_OF_WIDENED_INPUTS.active = active
+    try:
+        yield
+    finally:
+        _GEMM_OF_WIDENED_INPUTS.active = saved
 
 
 def _threads(target) -> int:
@@ -123,7 +143,7 @@ class Widened:
         *arrays, target = arrays_and_device
         with target.activate():
             wide = [None if a is None else widen(a, problem.dtype, target) for a in arrays]
-            with option_context(allow_tf32=options.allow_tf32 or self.tf32_is_exact):
+            with _widened_inputs(self.tf32_is_exact):
                 result = self.inner.run(problem.widened(), *wide, target)
             return narrow(result, problem.dtype, target)
 

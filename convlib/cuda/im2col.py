@@ -39,6 +39,7 @@ from .tables import KNOBS
 from .tiles import choose_gemm_tile
 from .codegen import compile_kernel, unsigned_constants
 from .gemm import COLUMNS, gemm_kernel, gemm_launch_shape, shape_key
+from .half import gemm_of_widened_inputs
 from .launch import MAX_GRID_Y, flat, placeholder_bias
 
 #: The GEMM multiplies a copy of ``x`` (the column matrix) by ``w``: widened float16 / bfloat16
@@ -163,7 +164,8 @@ _CUBLAS_TF32_TENSOR_OP_MATH = 3
 def cublas_math(cupy, dtype: str, tf32_tolerated: bool = True):
     """cuBLAS's math for the float32 GEMMs inside the block: TF32 tensor cores when
     ``convlib.options.allow_tf32`` is set and the caller's result tolerates it
-    (``tf32_tolerated``), else exact FP32.
+    (``tf32_tolerated``), or when the GEMM multiplies widened float16 / bfloat16 inputs, which
+    TF32 holds exactly (:func:`convlib.cuda.half.gemm_of_widened_inputs`); else exact FP32.
 
     Both of CuPy's float32 paths are set: the handle's math mode (``sgemmStridedBatched``, which
     ``cupy.matmul`` calls for stacks, follows it) and CuPy's compute type (its ``gemmEx`` path),
@@ -178,7 +180,7 @@ def cublas_math(cupy, dtype: str, tf32_tolerated: bool = True):
     from cupy_backends.cuda.libs import cublas
 
     handle = cupy.cuda.device.get_cublas_handle()
-    tf32 = options.allow_tf32 and tf32_tolerated
+    tf32 = (options.allow_tf32 and tf32_tolerated) or gemm_of_widened_inputs()
     previous_mode = cublas.getMathMode(handle)
     previous_type = linalg.get_compute_type(np.float32)
     cublas.setMathMode(handle, _CUBLAS_TF32_TENSOR_OP_MATH if tf32 else _CUBLAS_DEFAULT_MATH)
