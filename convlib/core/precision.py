@@ -19,9 +19,6 @@ import numpy as np
 #: Every dtype a problem may have, in the order messages list them.
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 
-#: Computed by widening to float32 (see the module docstring).
-WIDENED_DTYPES = ("float16", "bfloat16")
-
 #: The dtype each problem dtype is computed in.
 COMPUTE_DTYPE = {"float32": "float32", "float64": "float64", "float16": "float32", "bfloat16": "float32"}
 

@@ -17,10 +17,6 @@ import numpy as np
 from .options import options
 from .precision import COMPUTE_DTYPE, DTYPES, ITEMSIZE, dtype_name
 
-#: Every dtype a problem may have (:mod:`convlib.core.precision`): float32 and float64 on every
-#: backend, float16 and bfloat16 where a backend widens them (CUDA).
-SUPPORTED_DTYPES = DTYPES
-
 #: The operations a problem can describe, each on the same forward geometry:
 #:
 #: * ``conv2d``: ``y = conv2d(x, w) (+ bias of K)``, result ``(N, K, P, Q)``;
@@ -318,8 +314,8 @@ def _check_sizes(p: ConvProblem) -> None:
         )
     if p.operation not in OPERATIONS:
         raise ValueError(f"operation={p.operation!r}: allowed are {', '.join(map(repr, OPERATIONS))}")
-    if p.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"dtype={p.dtype!r}: allowed dtypes are {', '.join(SUPPORTED_DTYPES)}")
+    if p.dtype not in DTYPES:
+        raise TypeError(f"dtype={p.dtype!r}: allowed dtypes are {', '.join(DTYPES)}")
     eff_h = p.dilation[0] * (p.R - 1) + 1
     eff_w = p.dilation[1] * (p.S - 1) + 1
     padded_h = p.H + p.padding[0] + p.padding[1]
@@ -346,7 +342,7 @@ def array_dtype(name: str, arr) -> str:
     if dt is None:
         raise TypeError(f"{name} of type {type(arr).__name__} is not an array; pass a numpy (or device) array")
     dt = dtype_name(dt)
-    if dt not in SUPPORTED_DTYPES:
+    if dt not in DTYPES:
         raise TypeError(
             f"{name} has dtype {dt}; allowed dtypes are float32 and float64 (every device), float16 and "
             "bfloat16 (CUDA); integer, bool, complex and object arrays are not convolved"

@@ -231,7 +231,7 @@ _COPY_KERNELS: dict = {}
 
 def _contiguous_copy(arr, target: CudaTarget):
     """A C-contiguous device copy of the strided device array ``arr`` (a small kernel)."""
-    from .tables import KNOBS
+    from .tables import launch_knob
 
     ndim = arr.ndim
     kernel = _COPY_KERNELS.get(ndim)
@@ -239,7 +239,7 @@ def _contiguous_copy(arr, target: CudaTarget):
         kernel = _COPY_KERNELS[ndim] = _make_copy_kernel(ndim)
     out = target.empty(arr.shape, arr.dtype)
     flat = out.reshape(out.size)
-    threads = KNOBS.simulator_elementwise_threads if target.simulator else KNOBS.elementwise_threads
+    threads = launch_knob("elementwise_threads", target.simulator)
     if out.size:
         kernel[-(-out.size // threads), threads, target.stream](arr, flat)
     return out

@@ -18,7 +18,7 @@ import numpy as np
 
 from .gemm import shape_key
 from .launch import cuda, flat
-from .tables import KNOBS
+from .tables import launch_knob
 
 #: Values a thread sums before adding them to its running total.
 FOLD = 32
@@ -95,6 +95,6 @@ def run(problem, dy, device):
     target = device
     with target.activate():
         db = target.empty((problem.C,), problem.dtype)
-        threads = KNOBS.simulator_reduction_threads if target.simulator else KNOBS.reduction_threads
+        threads = launch_knob("reduction_threads", target.simulator)
         bias_kernel(shape_key(problem), threads)[problem.C, threads, target.stream](flat(dy), db, problem.N)
     return db

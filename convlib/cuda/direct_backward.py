@@ -36,7 +36,7 @@ import numpy as np
 
 from .gemm import shape_key
 from .launch import MAX_GRID_Y, cuda, flat, placeholder_bias
-from .tables import KNOBS
+from .tables import launch_knob
 
 
 @functools.lru_cache(maxsize=None)
@@ -182,7 +182,7 @@ def weight_splits(problem, simulator: bool) -> tuple[int, int]:
     launch: enough splits that ``elements * splits`` reaches the ``backward_weight_parallelism``
     knob (at most one split per row, at most 65535)."""
     elements = problem.K * problem.C_per_group * problem.R * problem.S
-    target = KNOBS.simulator_backward_weight_parallelism if simulator else KNOBS.backward_weight_parallelism
+    target = launch_knob("backward_weight_parallelism", simulator)
     rows = problem.N * problem.P
     wanted = min(rows, MAX_GRID_Y, max(1, -(-target // elements)))
     per_split = -(-rows // wanted)
@@ -219,7 +219,7 @@ def _run_data(problem, dy, w, bias, device):
     target = device
     with target.activate():
         dx = target.empty(problem.x_shape, problem.dtype)
-        threads = KNOBS.simulator_backward_data_threads if target.simulator else KNOBS.backward_data_threads
+        threads = launch_knob("backward_data_threads", target.simulator)
         kernel = data_kernel(shape_key(problem), threads)
         b = bias if bias is not None else placeholder_bias(problem.dtype, target)
         blocks = problem.C * -(-(problem.H * problem.W) // threads)
@@ -235,8 +235,7 @@ def _run_weight(problem, x, dy, device):
     target = device
     with target.activate():
         dw = target.empty(problem.w_shape, problem.dtype)
-        threads = (KNOBS.simulator_backward_weight_threads if target.simulator
-                   else KNOBS.backward_weight_threads)
+        threads = launch_knob("backward_weight_threads", target.simulator)
         key = shape_key(problem)
         elements = problem.K * problem.C_per_group * problem.R * problem.S
         blocks = -(-elements // threads)

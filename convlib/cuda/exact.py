@@ -15,7 +15,7 @@ import functools
 import numpy as np
 
 from .codegen import compile_kernel, unsigned_constants
-from .tables import KNOBS
+from .tables import launch_knob
 
 
 @functools.lru_cache(maxsize=None)
@@ -69,6 +69,6 @@ def repair(x, w, bias, y, flag, count):
 def repair_flagged_outputs(key, x, w, bias, y, flag, target) -> None:
     """Launch :func:`repair_kernel` over the flat ``y`` on ``target``'s stream: a grid of at most
     four blocks per multiprocessor, which does nothing unless ``flag[0]`` is raised."""
-    threads = KNOBS.simulator_elementwise_threads if target.simulator else KNOBS.elementwise_threads
+    threads = launch_knob("elementwise_threads", target.simulator)
     blocks = min(-(-y.size // threads), 4 * target.multiprocessors)
     repair_kernel(key, target.simulator)[blocks, threads, target.stream](x, w, bias, y, flag, y.size)

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 
 import numpy as np
 
 from .launch import cuda, flat, scalar_type
-from .tables import KNOBS
+from .tables import launch_knob
 
 # Per thread, not in convlib.options: another thread's exact float32 call must never see it.
 _GEMM_OF_WIDENED_INPUTS = threading.local()
@@ -46,10 +47,6 @@ def _widened_inputs(active: bool):
         yield
     finally:
         _GEMM_OF_WIDENED_INPUTS.active = saved
-
-
-def _threads(target) -> int:
-    return KNOBS.simulator_elementwise_threads if target.simulator else KNOBS.elementwise_threads
 
 
 @functools.cache
@@ -86,7 +83,7 @@ def _kernel(name: str):
 
 def _launch(name: str, src, dst, target) -> None:
     if dst.size:
-        threads = _threads(target)
+        threads = launch_knob("elementwise_threads", target.simulator)
         _kernel(name)[-(-dst.size // threads), threads, target.stream](flat(src), flat(dst))
 
 
@@ -132,10 +129,8 @@ class Widened:
     def workspace_bytes(self, problem, device=None) -> int:
         """The inner implementation's workspace plus the float32 copies of the three tensors
         (every operation reads two of x, w, y and writes the third) and of the bias."""
-        wide = problem.widened()
-        elements = (problem.N * problem.C * problem.H * problem.W + problem.K * problem.C_per_group * problem.R
-                    * problem.S + problem.N * problem.K * problem.P * problem.Q + problem.K + problem.C)
-        return self.inner.workspace_bytes(wide, device) + 4 * elements
+        elements = sum(math.prod(shape) for shape in (problem.x_shape, problem.w_shape, problem.y_shape))
+        return self.inner.workspace_bytes(problem.widened(), device) + 4 * (elements + problem.K + problem.C)
 
     def run(self, problem, *arrays_and_device):
         """The contract's ``run``: the arrays (of ``problem.dtype``, bfloat16 as bits) widened,

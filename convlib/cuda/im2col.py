@@ -35,7 +35,7 @@ import importlib.util
 import numpy as np
 
 from ..core.options import options
-from .tables import KNOBS
+from .tables import KNOBS, launch_knob
 from .tiles import choose_gemm_tile
 from .codegen import compile_kernel, unsigned_constants
 from .gemm import COLUMNS, gemm_kernel, gemm_launch_shape, shape_key
@@ -78,7 +78,7 @@ def supports(problem) -> str | None:
 
 def pixels_per_block(simulator: bool) -> int:
     """Output pixels per thread block of the column and bias kernels (blockIdx.x runs over P*Q)."""
-    return KNOBS.simulator_pixels_per_block if simulator else KNOBS.pixels_per_block
+    return launch_knob("pixels_per_block", simulator)
 
 
 @functools.lru_cache(maxsize=None)

@@ -184,3 +184,9 @@ KNOBS = KnobTable("cuda", [
     Knob("im2col_gemm", "auto", "the GEMM of im2col: 'own' (our tiled kernel), 'cublas' (through CuPy) "
          "or 'auto' (cuBLAS when CuPy imports and the GPU is real)", allowed=GEMM_ENGINES),
 ])
+
+
+def launch_knob(name: str, simulator: bool):
+    """The knob ``name`` (a block size, a parallelism), or its ``simulator_`` twin when numba-cuda's
+    simulator runs the kernels: tiny values there still cross several blocks."""
+    return getattr(KNOBS, f"simulator_{name}" if simulator else name)

@@ -28,7 +28,8 @@ the steps of the CPU and SYCL versions:
    as ``inf - inf = NaN``, and an intermediate may overflow where direct does not. The output
    transform raises a flag on the device when it stores a non-finite value; a last small launch
    (:func:`convlib.cuda.exact.repair_flagged_outputs`) reads the flag and, only when it is
-   raised, tests every output and recomputes the non-finite ones. (Testing every output unconditionally cost 10% of the layer: one more read of ``y``.)
+   raised, tests every output and recomputes the non-finite ones. (Testing every output
+   unconditionally cost 10% of the layer: one more read of ``y``.)
 
 The 1-D transforms are generated as straight-line source (:mod:`convlib.core.winograd_source`),
 so every product the matrices do not need is gone.
@@ -55,12 +56,8 @@ from .exact import repair_flagged_outputs
 from .gemm import COLUMNS, gemm_kernel, gemm_launch_shape, shape_key
 from .im2col import cublas_math, cupy_stream, resolved_engine
 from .launch import MAX_GRID_Y, flat, placeholder_bias, scalar_type
-from .tables import KNOBS
+from .tables import launch_knob
 from .tiles import choose_gemm_tile
-
-
-def _threads(simulator: bool) -> int:
-    return KNOBS.simulator_elementwise_threads if simulator else KNOBS.elementwise_threads
 
 
 # -- generated kernels ------------------------------------------------------------------------------
@@ -262,7 +259,7 @@ class WinogradAlgorithm(WinogradTile):
         """Winograd convolution of device arrays (the contract of :mod:`convlib.core.contracts`)."""
         target, p, m, a2 = device, problem, self.m, self.alpha**2
         simulator, stream = device.simulator, device.stream
-        threads = _threads(simulator)
+        threads = launch_knob("elementwise_threads", simulator)
         with target.activate():
             y = target.empty(p.y_shape, p.dtype)
             key = shape_key(p)
