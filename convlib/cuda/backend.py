@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +32,7 @@ import numpy as np
 from ..core.contracts import Backend
 from ..core.precision import DTYPES, bfloat16_bits, dtype_name
 from .launch import cuda, simulator_enabled
+
 
 INSTALL_HINT = "install it with: pip install 'convlib[cuda]' (numba-cuda; it needs numba >= 0.60)"
 
@@ -45,9 +47,14 @@ def _unavailable_reason() -> str | None:
     return _driver_reason()
 
 
-@functools.cache
 def _driver_reason() -> str | None:
     """Why numba-cuda finds no usable GPU (asked once per process: it initialises the driver)."""
+    with _DRIVER_LOCK:
+        return _first_driver_reason()
+
+
+@functools.cache
+def _first_driver_reason() -> str | None:
     if cuda is None:
         return f"numba.cuda failed to import; {INSTALL_HINT}"
     if simulator_active():
@@ -58,6 +65,24 @@ def _driver_reason() -> str | None:
     except Exception as exc:  # noqa: BLE001
         return f"the CUDA driver could not be initialised ({type(exc).__name__}: {exc})"
     return None
+
+
+#: numba-cuda's driver and device-list initialisation is not thread-safe: two threads entering it
+#: at once (a Dask worker with two threads, each running its first CUDA block) fail with
+#: ``AssertionError: key already in dictionary: 0`` (seen on the H100 machine). Both go through
+#: this lock the first time.
+_DRIVER_LOCK = threading.RLock()
+_gpu_list_ready = False
+
+
+def gpus():
+    """numba-cuda's list of GPUs, enumerated the first time under :data:`_DRIVER_LOCK`."""
+    global _gpu_list_ready
+    if not _gpu_list_ready:
+        with _DRIVER_LOCK:
+            len(cuda.gpus)
+            _gpu_list_ready = True
+    return cuda.gpus
 
 
 @functools.cache
@@ -130,9 +155,9 @@ class CudaTarget:
     # -- device and stream -------------------------------------------------------------------
     def activate(self):
         """A context manager that makes this GPU numba's current device."""
-        if self.simulator or (self.ordinal == 0 and len(cuda.gpus) == 1):
+        if self.simulator or (self.ordinal == 0 and len(gpus()) == 1):
             return contextlib.nullcontext()
-        return cuda.gpus[self.ordinal]
+        return gpus()[self.ordinal]
 
     @property
     def stream(self):
@@ -189,7 +214,7 @@ def device_identity(ordinal: int, simulator: bool) -> str:
     """``cuda|<index>|<name>|cc<major>.<minor>`` of a GPU (the tuning cache's key)."""
     if simulator:
         return "cuda|simulator"
-    with cuda.gpus[ordinal]:
+    with gpus()[ordinal]:
         dev = cuda.get_current_device()
         name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
         major, minor = dev.compute_capability
@@ -198,7 +223,7 @@ def device_identity(ordinal: int, simulator: bool) -> str:
 
 @functools.cache
 def _total_memory(ordinal: int) -> int:
-    with cuda.gpus[ordinal]:
+    with gpus()[ordinal]:
         return int(cuda.current_context().get_memory_info()[1])
 
 
@@ -206,7 +231,7 @@ def _total_memory(ordinal: int) -> int:
 def _multiprocessors(ordinal: int, simulator: bool) -> int:
     if simulator:
         return 1
-    with cuda.gpus[ordinal]:
+    with gpus()[ordinal]:
         return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
 
 
@@ -283,7 +308,7 @@ class CudaBackend(Backend):
     def device_names(self):
         if _unavailable_reason() is not None:
             return []
-        return [f"cuda:{i}" for i in range(len(cuda.gpus))]
+        return [f"cuda:{i}" for i in range(len(gpus()))]
 
     def owns(self, arr):
         return is_cuda_array(arr)
@@ -295,7 +320,7 @@ class CudaBackend(Backend):
         if len(data_devices) > 1:
             raise ValueError(f"x, w and bias live on different GPUs {sorted(data_devices)}; put them on one device")
         data_device = data_devices.pop() if data_devices else None
-        count = len(cuda.gpus)
+        count = len(gpus())
         if spec is None or (isinstance(spec, str) and spec.strip().lower() == "cuda"):
             ordinal = data_device if data_device is not None else (0 if not on_gpu else _current_device(simulator))
         elif isinstance(spec, str):
