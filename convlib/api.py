@@ -374,7 +374,8 @@ def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, 
     if (dask_arrays := _dask(x, w, bias)) is not None:
         return dask_arrays.conv_transpose2d(conv_transpose2d, check_algo, x, w, bias, stride=stride, padding=padding,
                                             output_padding=output_padding, groups=groups, dilation=dilation,
-                                            algo=algo, device=device, forward=conv2d)
+                                            algo=algo, device=device, forward=conv2d,
+                                            data_pass=conv2d_backward_data)
     algo = check_algo(algo)
     _required(x=x, w=w)
     like = x

@@ -33,6 +33,7 @@ Threads: each block limits numba to ``NUMBA_NUM_THREADS // dask threads of its w
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ from .core.problem import (
     ConvProblem, array_dtype, make_backward_bias_problem, make_backward_data_problem, make_backward_weight_problem,
     make_problem, make_transpose_problem,
 )
-from .dispatch.devices import host_array
+from .dispatch.devices import array_backend, host_array
 from .dispatch.plan import make_plan
 
 __all__ = ["ChunkPlan", "chunk_plan", "forward_plan", "is_dask_array", "task_threads", "conv2d", "conv2d_backward_data",
@@ -169,6 +170,9 @@ def _axis_plan(name, chunks, pad, stride, dilation, taps, n_out) -> AxisPlan:
     # join the chunk before (its predecessor's halo already covers them).
     while len(pieces) > 1 and pieces[-1] < span:
         pieces[-2:] = [pieces[-2] + pieces[-1]]
+    # dask's overlap needs every block, the first too, at least as long as the halo it lends.
+    while len(pieces) > 1 and pieces[0] < halo:
+        pieces[:2] = [pieces[0] + pieces[1]]
     for i in range(1, len(pieces)):
         if pieces[i] < halo:
             start = sum(pieces[:i]) - pad[0]
@@ -336,6 +340,33 @@ def _host(name, arr):
     return arr if is_dask_array(arr) else host_array(name, arr)
 
 
+def _device_module(arr):
+    """The array module (CuPy) of ``arr``'s chunks when they live on a GPU, else None."""
+    meta = getattr(arr, "_meta", arr)
+    if meta is None or array_backend(meta) != "cuda":
+        return None
+    return sys.modules.get(type(meta).__module__.split(".")[0])
+
+
+def _like_data(data, *arrays):
+    """``arrays`` (the filters, a bias, ``dy``) in the kind of ``data``'s chunks.
+
+    A Dask array of CuPy chunks may come with numpy filters: they are copied to the GPU once, in
+    the graph, so every block gets arrays of one kind (the in-memory call refuses a mix)."""
+    module = _device_module(data)
+    if module is None:
+        return arrays
+    out = []
+    for arr in arrays:
+        if arr is None or array_backend(getattr(arr, "_meta", arr)) == "cuda":
+            out.append(arr)
+        elif is_dask_array(arr):
+            out.append(arr.map_blocks(module.asarray, dtype=arr.dtype, meta=_meta(data, arr.ndim, arr.dtype)))
+        else:
+            out.append(module.asarray(arr))
+    return tuple(out)
+
+
 def _check_plan(operation, problem, device, algo, *arrays):
     """The checks the in-memory call makes before any work: the device and whether ``algo`` can
     serve the problem (``NotImplementedError`` naming those that can)."""
@@ -343,16 +374,21 @@ def _check_plan(operation, problem, device, algo, *arrays):
     make_plan(operation, problem, device, algo, tuple(metas))
 
 
-def _only_chunks(name, arr, axes, supported):
-    for axis in axes:
-        if len(arr.chunks[axis]) > 1:
-            raise NotImplementedError(
-                f"{name} is chunked along axis {axis} ({arr.chunks[axis]}); {supported}")
-
-
 # -- the forward convolution -----------------------------------------------------------------------
 
+def _one_block(block):
+    """The block of an index that a blockwise call contracts, where that index has one chunk.
+
+    With ``concatenate=False`` dask passes the list of blocks along a contracted index; with
+    ``concatenate=True`` it would concatenate them, which copies even a single block (a fresh
+    array as large as the block, the seed batch's 167 MB per task)."""
+    while isinstance(block, list):
+        (block,) = block
+    return block
+
+
 def _forward_block(xb, wb, bb=None, *, run, partial, arguments):
+    xb, wb = _one_block(xb), _one_block(wb)
     with task_threads():
         y = run(xb, wb, bb, padding=0, **arguments)
     return y[None] if partial else y
@@ -390,6 +426,7 @@ def conv2d(run, check_algo, x, w, bias=None, *, stride=1, padding=0, dilation=1,
     """
     _required(x=x, w=w)
     x, w, bias = _host("x", x), _host("w", w), _host("bias", bias)
+    w, bias = _like_data(x, w, bias)
     algo = check_algo(algo)
     (xs, xd), (ws, wd) = _shape_dtype("x", x), _shape_dtype("w", w)
     bs, bd = _shape_dtype("bias", bias) if bias is not None else (None, None)
@@ -439,7 +476,7 @@ def _run_forward(run, plan: ChunkPlan, x, w, bias, *, algo, device, allow_tf32=F
         if bias is not None:
             blocks += [_as_dask(bias, (plan.filter_chunks,)), "k"]
         return da.blockwise(_forward_block, "nkyx", *blocks, dtype=dtype, meta=_meta(x, 4, dtype),
-                            adjust_chunks=adjust, concatenate=True, run=run, partial=False, arguments=arguments)
+                            adjust_chunks=adjust, concatenate=False, run=run, partial=False, arguments=arguments)
     # groups > 1: C chunk i holds whole groups, whose filters are w's K chunk i; the channel axis
     # of x and the K axis of w share a block index (their chunk sizes differ, so no alignment).
     w = _as_dask(w, (plan.filter_chunks, p.C // p.groups, p.R, p.S))
@@ -448,30 +485,30 @@ def _run_forward(run, plan: ChunkPlan, x, w, bias, *, algo, device, allow_tf32=F
         blocks += [_as_dask(bias, (plan.filter_chunks,)), "k"]
     # Each block takes its group count from its own channels: chunks may hold different counts.
     return da.blockwise(_grouped_block, "nkyx", *blocks, dtype=dtype, meta=_meta(x, 4, dtype),
-                        adjust_chunks={"k": plan.filter_chunks, **adjust}, align_arrays=False, concatenate=True,
+                        adjust_chunks={"k": plan.filter_chunks, **adjust}, align_arrays=False, concatenate=False,
                         run=run, per_group=p.C // p.groups, arguments=arguments)
 
 
 def _grouped_block(xb, wb, bb=None, *, run, per_group, arguments):
+    wb = _one_block(wb)
     with task_threads():
         return run(xb, wb, bb, padding=0, groups=xb.shape[1] // per_group, **arguments)
 
 
 # -- the backward passes and the transposed convolution --------------------------------------------
 
-def _weight_block(xb, dyb, *, run, taps, groups, arguments):
-    w_shape = (dyb.shape[1], xb.shape[1] // groups, *taps)  # this block's channels of dw
+def _weight_block(xb, dyb, *, run, taps, groups, per_group, arguments):
+    """One partial ``dw``: this block's channels of ``dw``, those of its C chunk (``groups == 1``)
+    or its K chunk's whole groups (``groups > 1``, ``per_group`` input channels each)."""
+    block_groups = 1 if groups == 1 else xb.shape[1] // per_group
+    w_shape = (dyb.shape[1], xb.shape[1] // block_groups, *taps)
     with task_threads():
-        return run(xb, dyb, w_shape, padding=0, groups=groups, **arguments)[None, None, None]
+        return run(xb, dyb, w_shape, padding=0, groups=block_groups, **arguments)[None, None, None]
 
 
 def _bias_block(dyb, *, run, arguments):
     with task_threads():
-        return run(dyb, **arguments)[None]
-
-
-_STRIDE_ONE = ("supported are chunks along N (the batch), and along {channels}, H and W at stride 1 when the "
-               "padding is at most dilation*(R-1) on each side: rechunk the other axes to one chunk")
+        return run(dyb, **arguments)[None, :, None, None]
 
 
 def _data_pass_as_forward(problem: ConvProblem, in_h: int, in_w: int):
@@ -496,17 +533,15 @@ def _flipped_transposed(w, groups: int):
     k, c_per_group, r, s = w.shape
     wt = w.reshape(groups, k // groups, c_per_group, r, s).transpose(0, 2, 1, 3, 4)
     wt = wt.reshape(groups * c_per_group, k // groups, r, s)[:, :, ::-1, ::-1]
-    return wt if is_dask_array(wt) else np.ascontiguousarray(wt)
+    return wt if is_dask_array(wt) else wt.copy()  # C order; numpy or CuPy alike
 
 
-def _forward_form(forward, problem, arr, w, bias, *, name, channels, algo, device):
+def _forward_form(forward, problem, arr, w, bias, *, algo, device):
     """The data pass of ``problem`` on the chunked ``arr`` as a forward convolution (stride 1), with
-    the forward chunk plan; ``NotImplementedError`` when there is no such form."""
+    the forward chunk plan, or None when it has no such form."""
     pad = _data_pass_as_forward(problem, arr.shape[2], arr.shape[3])
     if pad is None:
-        chunked = [axis for axis in (1, 2, 3) if len(arr.chunks[axis]) > 1]
-        raise NotImplementedError(f"{name} is chunked along axis {chunked[0]} ({arr.chunks[chunked[0]]}) at stride "
-                                  f"{problem.stride} and padding {problem.padding}; " + _STRIDE_ONE.format(channels=channels))
+        return None
     wt = _flipped_transposed(w, problem.groups)
     fproblem = make_problem(tuple(arr.shape), tuple(wt.shape), None if bias is None else tuple(bias.shape),
                             arr.dtype, wt.dtype, None if bias is None else bias.dtype, padding=pad,
@@ -514,6 +549,150 @@ def _forward_form(forward, problem, arr, w, bias, *, name, channels, algo, devic
     _check_plan("conv2d", fproblem, device, algo, arr, wt, bias)
     plan = chunk_plan(fproblem, arr.chunks)
     return _run_forward(forward, plan, arr, wt, bias, algo=algo, device=device)
+
+
+@dataclass(frozen=True)
+class DataAxisPlan:
+    """How one spatial axis of the data pass (``dx`` from ``dy``) is cut, at any stride.
+
+    Block ``i`` of ``dy`` (rows ``a_i .. b_i``) computes the ``dx`` rows whose padded index ``t``
+    lies in ``[a_i * stride, b_i * stride)`` (the first block from 0, the last to the end): every
+    ``dy`` row that reaches them is in the block or in the ``halo`` rows before it
+    (``t = p*stride + r*dilation``, so ``p >= a_i - dilation*(R-1) // stride``). The halo is
+    on the near side, the mirror of the forward plan's; the blocks' ``dx`` rows do not overlap, so
+    nothing is added between blocks. Each block is an in-memory data pass with its own padding
+    (:meth:`local`): no padding at inner borders beyond the rows that belong to a neighbour.
+
+    Parameters
+    ----------
+    dy_chunks : tuple of int
+        ``dy``'s chunks along the axis (a leading block that reaches only padding rows is merged
+        into its successor, a trailing one into its predecessor).
+    dx_chunks : tuple of int
+        The ``dx`` rows of each block.
+    halo : int
+        ``dy`` rows each block (but the first) takes from its predecessor.
+    before, size, stride, dilation, taps : int
+        The axis' padding before the image, ``dx``'s length, and the convolution's geometry.
+    """
+
+    dy_chunks: tuple[int, ...]
+    dx_chunks: tuple[int, ...]
+    halo: int
+    before: int
+    size: int
+    stride: int
+    dilation: int
+    taps: int
+
+    def local(self, start: int, count: int) -> tuple[int, int, int, int]:
+        """``(rows, before, after, zeros)`` of the block whose ``dy`` rows start at ``start`` (halo
+        not counted) and number ``count`` (halo counted): its ``dx`` rows computed with that padding,
+        then ``zeros`` rows of zeros (rows past every filter's reach, which ``conv_transpose2d``'s
+        ``output_padding`` can ask for)."""
+        s, reach = self.stride, self.dilation * (self.taps - 1)
+        halo = self.halo if start > 0 else 0
+        lo = 0 if start == 0 else start * s
+        end = (start + count - halo) * s
+        last = end >= self.before + self.size or start + count - halo == self._rows
+        hi = self.before + self.size if last else end
+        rows = min(hi, self.before + self.size) - max(lo, self.before)
+        before = halo * s + max(0, self.before - lo)
+        # the padding after that makes the block's dy exactly `count` rows long (at least 0)
+        after = max(0, s * (count - 1) + reach + 1 - rows - before)
+        zeros = max(0, rows + before + after - reach - 1 - (s * count - 1))
+        return rows - zeros, before, after, zeros
+
+    @property
+    def _rows(self) -> int:
+        return sum(self.dy_chunks)
+
+
+def _data_axis(name, chunks, pad, size, stride, dilation, taps) -> DataAxisPlan:
+    """The :class:`DataAxisPlan` of one spatial axis: ``chunks`` of ``dy``, ``pad`` the forward
+    padding ``(before, after)``, ``size`` the length of ``dx``."""
+    before = pad[0]
+    chunks = list(chunks)
+    ends = lambda: list(accumulate(chunks))  # noqa: E731
+    while len(chunks) > 1 and chunks[0] * stride <= before:  # the first block would hold only padding
+        chunks[:2] = [chunks[0] + chunks[1]]
+    while len(chunks) > 1 and ends()[-2] * stride >= before + size:  # the last one too
+        chunks[-2:] = [chunks[-2] + chunks[-1]]
+    halo = dilation * (taps - 1) // stride
+    while len(chunks) > 1 and chunks[-1] < halo:  # dask's overlap needs every block >= the halo: join
+        chunks[-2:] = [chunks[-2] + chunks[-1]]
+    for i, c in enumerate(chunks):
+        if c < halo:
+            raise ValueError(f"chunk {i} of dy along {name} has {c} rows, fewer than the halo of {halo} rows that "
+                             f"the next block reads (dilation*(R-1)//stride): rechunk to at least {halo}")
+    starts = [0, *ends()[:-1]]
+    plan = DataAxisPlan(tuple(chunks), (), halo, before, size, stride, dilation, taps)
+    dx = tuple(plan.local(a, c + (halo if a else 0))[0] + plan.local(a, c + (halo if a else 0))[3]
+               for a, c in zip(starts, chunks))
+    return DataAxisPlan(tuple(chunks), dx, halo, before, size, stride, dilation, taps)
+
+
+def _data_block(dyb, wb, rows, cols, *, run, plans, groups, per_group, channels, arguments, partial):
+    """One block of the data pass: ``dy``'s block with its near-side halo, the filters of its K
+    channels, and the indices of its rows and columns (``rows``/``cols``: where it starts)."""
+    dyb, wb = _one_block(dyb), _one_block(wb)
+    blocks_groups = groups if partial else dyb.shape[1] // per_group
+    h, top, bottom, h_zeros = plans[0].local(int(rows[0]), dyb.shape[2])
+    w, left, right, w_zeros = plans[1].local(int(cols[0]), dyb.shape[3])
+    c = channels if partial or groups == 1 else blocks_groups * (channels // groups)
+    with task_threads():
+        dx = run(dyb, wb, (dyb.shape[0], c, h, w), padding=(top, bottom, left, right), groups=blocks_groups,
+                 **arguments)
+    if h_zeros or w_zeros:
+        xp = sys.modules[type(dx).__module__.split(".")[0]]
+        full = xp.zeros((dx.shape[0], c, h + h_zeros, w + w_zeros), dx.dtype)
+        full[:, :, :h, :w] = dx
+        dx = full
+    return dx[None] if partial else dx
+
+
+def _gathered_data_pass(run, problem, dy, w, bias, *, algo, device):
+    """The data pass of ``problem`` on ``dy`` chunked along any axis, at any stride
+    (:class:`DataAxisPlan` per spatial axis); K chunks give partial sums (``groups == 1``) or, holding
+    whole groups, those groups' C channels. ``bias`` (``conv_transpose2d``'s) is added once."""
+    p = problem
+    dtype = np.dtype(p.dtype)
+    per_group = p.K // p.groups
+    for i, kc in enumerate(dy.chunks[1]):
+        if p.groups > 1 and kc % per_group:
+            raise ValueError(f"chunk {i} of dy along K has {kc} channels: with groups={p.groups} a chunk must hold "
+                             f"whole groups, a multiple of {per_group} channels")
+    plans = (_data_axis("H", dy.chunks[2], p.padding[:2], p.H, p.stride[0], p.dilation[0], p.R),
+             _data_axis("W", dy.chunks[3], p.padding[2:], p.W, p.stride[1], p.dilation[1], p.S))
+    dy = dy.rechunk((dy.chunks[0], dy.chunks[1], plans[0].dy_chunks, plans[1].dy_chunks))
+    depth = {0: 0, 1: 0, 2: (plans[0].halo if len(plans[0].dy_chunks) > 1 else 0, 0),
+             3: (plans[1].halo if len(plans[1].dy_chunks) > 1 else 0, 0)}
+    halo_dy = dy
+    if depth[2][0] or depth[3][0]:
+        halo_dy = overlap(dy, depth=depth, boundary={0: "none", 1: "none", 2: "none", 3: "none"}, allow_rechunk=False)
+    rows = da.arange(dy.shape[2], chunks=(plans[0].dy_chunks,))
+    cols = da.arange(dy.shape[3], chunks=(plans[1].dy_chunks,))
+    arguments = dict(stride=p.stride, dilation=p.dilation, algo=algo, device=device)
+    partial = p.groups == 1 and len(dy.chunks[1]) > 1
+    w = _as_dask(w, (dy.chunks[1], p.C // p.groups, p.R, p.S))
+    common = dict(dtype=dtype, align_arrays=False, concatenate=False, run=run, plans=plans, groups=p.groups,
+                  per_group=per_group, channels=p.C, arguments=arguments)
+    adjust = {"y": plans[0].dx_chunks, "x": plans[1].dx_chunks}
+    if partial:
+        # One partial dx per K chunk on a new leading axis (w's c has one chunk), added by a tree
+        # reduction, as the forward adds its C chunks.
+        dx = da.blockwise(_data_block, "kncyx", halo_dy, "nkyx", w, "kcrs", rows, "y", cols, "x",
+                          meta=_meta(dy, 5, dtype), adjust_chunks={"k": 1, **adjust}, partial=True, **common)
+        dx = dx.sum(axis=0, split_every=SPLIT_EVERY, dtype=dtype)
+    else:
+        channel_chunks = ((p.C,) if p.groups == 1
+                          else tuple(kc // per_group * (p.C // p.groups) for kc in dy.chunks[1]))
+        dx = da.blockwise(_data_block, "nkyx", halo_dy, "nkyx", w, "kcrs", rows, "y", cols, "x",
+                          meta=_meta(dy, 4, dtype), adjust_chunks={"k": channel_chunks, **adjust}, partial=False,
+                          **common)
+    if bias is not None:
+        dx = dx + _as_dask(bias, (dx.chunks[1],))[None, :, None, None]
+    return dx
 
 
 def conv2d_backward_data(run, check_algo, dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
@@ -527,6 +706,7 @@ def conv2d_backward_data(run, check_algo, dy, w, x_shape, *, stride=1, padding=0
     """
     _required(dy=dy, w=w)
     dy, w = _host("dy", dy), _host("w", w)
+    (w,) = _like_data(dy, w)
     algo = check_algo(algo)
     (dys, dyd), (ws, wd) = _shape_dtype("dy", dy), _shape_dtype("w", w)
     problem = make_backward_data_problem(dys, ws, x_shape, dyd, wd, stride=stride, padding=padding,
@@ -534,7 +714,8 @@ def conv2d_backward_data(run, check_algo, dy, w, x_shape, *, stride=1, padding=0
     _check_plan("conv2d_backward_data", problem, device, algo, dy, w)
     dy = _as_dask(dy)
     if any(len(dy.chunks[axis]) > 1 for axis in (1, 2, 3)):
-        return _forward_form(forward, problem, dy, w, None, name="dy", channels="K", algo=algo, device=device)
+        dx = _forward_form(forward, problem, dy, w, None, algo=algo, device=device)
+        return dx if dx is not None else _gathered_data_pass(run, problem, dy, w, None, algo=algo, device=device)
     w = _as_dask(w, w.shape)
     p = problem
     dtype = np.dtype(p.dtype)
@@ -551,34 +732,43 @@ def _batch_block_shape(dyb, wb, *, run, x_shape, arguments):
 
 def conv2d_backward_weight(run, check_algo, x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
                            algo="auto", device=None):
-    """:func:`convlib.conv2d_backward_weight` of a Dask ``x`` chunked along N, H and W, and along C
-    when ``groups == 1``: a Dask array ``dw`` chunked as ``x`` along C.
+    """:func:`convlib.conv2d_backward_weight` of a Dask ``x`` chunked along N, C, H and W: a Dask
+    array ``dw``, chunked as ``x`` along C (``groups == 1``) or along K by the groups of each C
+    chunk (``groups > 1``: a C chunk must hold whole groups).
 
     ``x`` is cut by the forward chunk plan (padding once, stride-aligned blocks with their halo)
-    and ``dy`` is rechunked to that plan's output chunks (its K axis to one chunk); each pair of
-    blocks gives a partial ``dw`` (the in-memory weight pass with no padding; a C chunk of ``x``
-    gives those channels of ``dw``), and the partial sums over N, H and W meet in a tree reduction.
+    and ``dy`` is rechunked to that plan's output chunks (along K, one chunk, or the filters of each
+    C chunk's groups); each pair of blocks gives a partial ``dw`` (the in-memory weight pass with no
+    padding), and the partial sums over N, H and W meet in a tree reduction.
     """
     _required(x=x, dy=dy)
     x, dy = _host("x", x), _host("dy", dy)
+    (dy,) = _like_data(x, dy)
     algo = check_algo(algo)
     (xs, xd), (dys, dyd) = _shape_dtype("x", x), _shape_dtype("dy", dy)
     problem = make_backward_weight_problem(xs, dys, w_shape, xd, dyd, stride=stride, padding=padding,
                                            dilation=dilation, groups=groups)
     _check_plan("conv2d_backward_weight", problem, device, algo, x, dy)
     x = _as_dask(x)
-    if groups > 1:
-        _only_chunks("x", x, (1,), f"with groups={groups} supported are chunks along N, H and W: rechunk C to one chunk")
-    plan = chunk_plan(problem.forward, x.chunks)
-    dy = _as_dask(dy, (plan.batch_chunks, (problem.K,), plan.h.output_chunks, plan.w.output_chunks))
+    plan = chunk_plan(problem.forward, x.chunks)  # C chunks must hold whole groups (ValueError)
     p = problem
+    per_group = p.C // groups
+    # groups > 1: C chunk i of x holds whole groups, whose filters are dy's K chunk i.
+    k_chunks = (p.K,) if groups == 1 else tuple(c // per_group * (p.K // groups) for c in plan.channel_chunks)
+    dy = _as_dask(dy, (plan.batch_chunks, k_chunks, plan.h.output_chunks, plan.w.output_chunks))
     dtype = np.dtype(p.dtype)
     arguments = dict(stride=p.stride, dilation=p.dilation, algo=algo, device=device)
-    partial = da.blockwise(_weight_block, "nyxkcrs", _blocks_with_halo(x, plan), "ncyx", dy, "nkyx", dtype=dtype,
-                           meta=_meta(x, 7, dtype), new_axes={"r": p.R, "s": p.S},
-                           adjust_chunks={"n": 1, "y": 1, "x": 1, "c": plan.channel_chunks if groups == 1 else p.C // groups},
-                           align_arrays=False, concatenate=True, run=run, taps=(p.R, p.S), groups=groups,
-                           arguments=arguments)
+    common = dict(dtype=dtype, meta=_meta(x, 7, dtype), align_arrays=False, concatenate=True, run=run,
+                  taps=(p.R, p.S), groups=groups, per_group=per_group, arguments=arguments)
+    x = _blocks_with_halo(x, plan)
+    if groups == 1:
+        partial = da.blockwise(_weight_block, "nyxkcrs", x, "ncyx", dy, "nkyx", new_axes={"r": p.R, "s": p.S},
+                               adjust_chunks={"n": 1, "y": 1, "x": 1, "c": plan.channel_chunks}, **common)
+    else:
+        # x's channel axis and dy's K axis share a block index (their chunk sizes differ).
+        partial = da.blockwise(_weight_block, "nyxkcrs", x, "nkyx", dy, "nkyx",
+                               new_axes={"c": per_group, "r": p.R, "s": p.S},
+                               adjust_chunks={"n": 1, "y": 1, "x": 1, "k": k_chunks}, **common)
     return partial.sum(axis=(0, 1, 2), split_every=SPLIT_EVERY, dtype=dtype)
 
 
@@ -593,20 +783,22 @@ def conv2d_backward_bias(run, check_algo, dy, *, algo="auto", device=None):
     _check_plan("conv2d_backward_bias", problem, device, algo, dy)
     dy = _as_dask(dy)
     dtype = np.dtype(problem.dtype)
-    partial = da.blockwise(_bias_block, "bk", dy, "bkpq", dtype=dtype, meta=_meta(dy, 2, dtype),
-                           adjust_chunks={"b": 1}, concatenate=True, run=run,
-                           arguments=dict(algo=algo, device=device))
-    return partial.sum(axis=0, split_every=SPLIT_EVERY, dtype=dtype)
+    # p and q stay in the output (one partial sum per block): a contracted index would make dask
+    # concatenate dy's spatial blocks into one copy per task.
+    partial = da.blockwise(_bias_block, "bkpq", dy, "bkpq", dtype=dtype, meta=_meta(dy, 4, dtype),
+                           adjust_chunks={"b": 1, "p": 1, "q": 1}, run=run, arguments=dict(algo=algo, device=device))
+    return partial.sum(axis=(0, 2, 3), split_every=SPLIT_EVERY, dtype=dtype)
 
 
 def conv_transpose2d(run, check_algo, x, w, bias=None, *, stride=1, padding=0, output_padding=0, groups=1,
-                     dilation=1, algo="auto", device=None, forward=None):
+                     dilation=1, algo="auto", device=None, forward=None, data_pass=None):
     """:func:`convlib.conv_transpose2d` of a Dask ``x``: chunks along N as for
     :func:`conv2d_backward_data` (each block runs ``run``); chunks along C_in, H or W at stride 1
     through the forward form, run by ``forward`` (the bias added once, after the partial sums)."""
     algo = check_algo(algo)
     _required(x=x, w=w)
     x, w, bias = _host("x", x), _host("w", w), _host("bias", bias)
+    w, bias = _like_data(x, w, bias)
     (xs, xd), (ws, wd) = _shape_dtype("x", x), _shape_dtype("w", w)
     bs, bd = _shape_dtype("bias", bias) if bias is not None else (None, None)
     problem = make_transpose_problem(xs, ws, bs, xd, wd, bd, stride=stride, padding=padding,
@@ -614,7 +806,8 @@ def conv_transpose2d(run, check_algo, x, w, bias=None, *, stride=1, padding=0, o
     _check_plan(problem.operation, problem, device, algo, x, w, bias)
     x = _as_dask(x)
     if any(len(x.chunks[axis]) > 1 for axis in (1, 2, 3)):
-        return _forward_form(forward, problem, x, w, bias, name="x", channels="C_in", algo=algo, device=device)
+        y = _forward_form(forward, problem, x, w, bias, algo=algo, device=device)
+        return y if y is not None else _gathered_data_pass(data_pass, problem, x, w, bias, algo=algo, device=device)
     n, c, h, wd_ = problem.output_shape
     dtype = np.dtype(problem.dtype)
     arrays = [x, _as_dask(w, w.shape)] + ([_as_dask(bias, bias.shape)] if bias is not None else [])

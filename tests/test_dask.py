@@ -222,13 +222,75 @@ def test_c_chunks_must_hold_whole_groups():
         convlib.conv2d(da.zeros((1, 8, 8, 8), chunks=(1, 3, 8, 8)), np.zeros((4, 4, 3, 3)), groups=2)
 
 
-def test_unsupported_chunking_of_a_backward_pass_says_what_is_supported():
-    with pytest.raises(NotImplementedError, match="groups=2 supported are chunks along N, H and W: rechunk C"):
-        convlib.conv2d_backward_weight(da.zeros((2, 4, 10, 10), chunks=(1, 2, 5, 10)), da.zeros((2, 4, 8, 8)),
+def test_a_first_chunk_shorter_than_the_halo_joins_its_successor(rng):
+    x = rng.standard_normal((1, 2, 20, 9))
+    w = rng.standard_normal((2, 2, 5, 5))
+    y = convlib.conv2d(da.from_array(x, chunks=(1, 2, (2, 9, 9), 9)), w, padding=1)
+    assert y.chunks[2] == (11, 7)
+    np.testing.assert_allclose(y.compute(scheduler="sync"), convlib.conv2d(x, w, padding=1), **TOL["float64"])
+
+
+def test_backward_chunkings_that_cannot_be_cut_are_named():
+    with pytest.raises(ValueError, match=r"chunk 0 along C has 3 channels: with groups=2"):
+        convlib.conv2d_backward_weight(da.zeros((2, 4, 10, 10), chunks=(1, 3, 5, 10)), da.zeros((2, 4, 8, 8)),
                                        (4, 2, 3, 3), groups=2)
-    with pytest.raises(NotImplementedError, match=r"at stride \(2, 2\).*along K, H and W at stride 1"):
-        convlib.conv2d_backward_data(da.zeros((2, 4, 5, 5), chunks=(1, 4, 3, 5)), np.zeros((4, 3, 3, 3)),
-                                     (2, 3, 11, 11), stride=2)
+    with pytest.raises(ValueError, match=r"chunk 0 of dy along K has 3 channels: with groups=2 .* multiple of 2"):
+        convlib.conv2d_backward_data(da.zeros((2, 4, 5, 5), chunks=(1, 3, 5, 5)), np.zeros((4, 3, 3, 3)),
+                                     (2, 6, 11, 11), stride=2, groups=2)
+    # dilation*(R-1)//stride = 4 rows of the chunk before: a middle chunk of 2 cannot lend them
+    with pytest.raises(ValueError, match=r"chunk 1 of dy along H has 2 rows, fewer than the halo of 4 rows"):
+        convlib.conv2d_backward_data(da.zeros((1, 1, 16, 6), chunks=(1, 1, (6, 2, 8), 6)), np.zeros((1, 1, 3, 1)),
+                                     (1, 1, 38, 10), stride=2, dilation=4, padding=1)
+
+
+# (stride, padding, dilation, groups, filter size, chunks of dy): any stride, the gathered plan.
+STRIDED_DATA_PASS_CASES = [
+    (2, 1, 1, 1, 3, (1, -1, 1, 3)),                       # chunks of one row, halo 1
+    (2, 0, 1, 2, 3, (2, 2, 3, (1, 5))),                   # K chunks of whole groups -> C chunks of dx
+    ((3, 2), (2, 0, 1, 3), (1, 2), 1, 4, (1, 2, 2, 3)),   # K chunks of groups=1: partial sums
+    (2, 3, 3, 1, 3, (1, -1, 3, 4)),                       # padding past the filter's reach, halo 3
+    (1, (0, 3, 4, 0), 1, 1, 2, (1, -1, 4, 3)),            # stride 1 with padding past the reach
+]
+
+
+@pytest.mark.parametrize("stride, padding, dilation, groups, taps, chunks", STRIDED_DATA_PASS_CASES)
+def test_data_pass_chunked_along_space_at_any_stride(rng, stride, padding, dilation, groups, taps, chunks):
+    x = rng.standard_normal((2, 4, 15, 13))
+    w = rng.standard_normal((4, 4 // groups, taps, taps))
+    arguments = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, algo="direct")
+    dy = convlib.conv2d(x, w, **arguments)
+    dx = convlib.conv2d_backward_data(da.from_array(dy, chunks=chunks), w, x.shape, **arguments)
+    assert dx.shape == x.shape and sum(dx.chunks[2]) == x.shape[2]
+    np.testing.assert_allclose(dx.compute(scheduler="threads"), convlib.conv2d_backward_data(dy, w, x.shape, **arguments),
+                               **TOL["float64"])
+
+
+@pytest.mark.parametrize("stride, padding, output_padding, dilation, groups, chunks", [
+    (2, 1, 1, 1, 1, (1, -1, (2, 3), (1, 2, 2))),
+    (2, 0, 2, 3, 2, (2, 2, (3, 2), 5)),     # output_padding >= stride: rows past every filter's reach
+    ((3, 2), (1, 2), (2, 0), 1, 1, (1, (1, 3), 2, 3)),
+])
+def test_transpose_chunked_along_space_at_any_stride(rng, stride, padding, output_padding, dilation, groups, chunks):
+    x = rng.standard_normal((2, 4, 5, 5))
+    w = rng.standard_normal((4, 6 // groups, 3, 3))
+    bias = rng.standard_normal(6)
+    arguments = dict(stride=stride, padding=padding, output_padding=output_padding, dilation=dilation, groups=groups,
+                     algo="direct")
+    y = convlib.conv_transpose2d(da.from_array(x, chunks=chunks), w, bias, **arguments)
+    expected = convlib.conv_transpose2d(x, w, bias, **arguments)
+    assert y.shape == expected.shape
+    np.testing.assert_allclose(y.compute(scheduler="threads"), expected, **TOL["float64"])
+
+
+def test_weight_pass_with_c_chunks_of_whole_groups(rng):
+    x = rng.standard_normal((3, 8, 14, 13))
+    w = rng.standard_normal((12, 2, 3, 3))
+    arguments = dict(stride=2, padding=1, groups=4, algo="direct")
+    dy = convlib.conv2d(x, w, **arguments)
+    dw = convlib.conv2d_backward_weight(da.from_array(x, chunks=(2, (4, 2, 2), 7, -1)), dy, w.shape, **arguments)
+    assert dw.chunks[0] == (6, 3, 3)  # the filters of each C chunk's groups
+    np.testing.assert_allclose(dw.compute(scheduler="threads"), convlib.conv2d_backward_weight(x, dy, w.shape, **arguments),
+                               **TOL["float64"])
 
 
 # (padding, dilation, groups, filter size, chunks of dy / of conv_transpose2d's x): stride 1.
