@@ -85,11 +85,14 @@ def _geometry(stride, padding, dilation, groups):
 
 def _host(tensor: Optional[Tensor]):
     """A CPU tensor as a numpy view of its memory (no copy; convlib never writes to its inputs);
-    other tensors (CUDA) as they are. Done here rather than by convlib's array reading, which
-    must first find out what kind of array it was given."""
-    if tensor is not None and tensor.device.type == "cpu":
+    other tensors (CUDA) detached, which shares their memory: a tensor that requires grad refuses
+    ``__cuda_array_interface__``, through which convlib's CUDA backend reads it. Done here rather
+    than by convlib's array reading, which must first find out what kind of array it was given."""
+    if tensor is None:
+        return None
+    if tensor.device.type == "cpu":
         return tensor.detach().numpy()
-    return tensor
+    return tensor.detach()
 
 
 def _tensor(result) -> Tensor:

@@ -78,6 +78,9 @@ def test_backward_passes_of_cupy_chunks(rng):
                  convlib.conv2d_backward_data(dy, w, x.shape, **arguments)),
         "data-spatial": (convlib.conv2d_backward_data(_on_gpu(dy1, (2, 3, 4, 6)), w, x.shape, **same),
                          convlib.conv2d_backward_data(dy1, w, x.shape, **same)),
+        # stride 2, K chunks of whole groups and H/W chunks: the gathered plan (a near-side halo)
+        "data-strided": (convlib.conv2d_backward_data(_on_gpu(dy, (2, 3, 2, 3)), w, x.shape, **arguments),
+                         convlib.conv2d_backward_data(dy, w, x.shape, **arguments)),
         "weight": (convlib.conv2d_backward_weight(_on_gpu(x, (2, -1, 4, 6)), dy, w.shape, **arguments),
                    convlib.conv2d_backward_weight(x, dy, w.shape, **arguments)),
         "bias": (convlib.conv2d_backward_bias(_on_gpu(dy, (1, 3, -1, -1))), convlib.conv2d_backward_bias(dy)),

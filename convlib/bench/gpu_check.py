@@ -8,7 +8,8 @@ Steps (each can be skipped):
 2. the two ceilings, measured: device-to-device copy bandwidth (bytes read + written) and an FP32
    matrix product through PyTorch with TF32 off (the FMA ceiling cuDNN also lives under);
 3. the test suite on the GPU: ``tests/test_cuda.py``, ``tests/test_dask_cuda.py`` (Dask arrays
-   of CuPy chunks; skipped where dask is missing) and the CUDA pairs of ``tests/test_contract.py``
+   of CuPy chunks; skipped where dask is missing), ``tests/test_torch_cuda.py`` (``convlib.torch``
+   autograd on CUDA tensors) and the CUDA pairs of ``tests/test_contract.py``
    (pytest-xdist workers when available);
 4. the benchmark, float32: the seed shape (N=8, C=K=4, 1024x1024, 3x3) and the distinct layers
    of ResNet-50 v1.5 at batch 128 (:func:`convlib.bench.suites.resnet50`; Winograd on its 3x3
@@ -282,7 +283,8 @@ class _poisoned_allocations:
 # -- main -------------------------------------------------------------------------------------------------
 def run_tests(out: Path, workers: int, quick: bool) -> dict:
     root = Path(__file__).resolve().parents[2]
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py", "tests/test_dask_cuda.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py", "tests/test_dask_cuda.py",
+           "tests/test_torch_cuda.py"]
     if not quick:
         cmd += ["tests/test_contract.py", "-k", "test_cuda or cuda-"]
     if importlib.util.find_spec("xdist") is not None:
