@@ -26,12 +26,17 @@ chunks block by block and, at stride 1, run chunks along channels, H and W as th
 forward convolution (flipped, transposed filters). A chunking a pass cannot serve is a
 ``NotImplementedError`` that says what can.
 
+Options: blocks run later, in dask's threads or worker processes, which a caller's
+``option_context`` (per thread) does not reach; every block runs under the ``workspace_cap``
+and ``allow_tf32`` in force where the graph was built (:func:`_with_options`).
+
 Threads: each block limits numba to ``NUMBA_NUM_THREADS // dask threads of its worker`` threads
 (:func:`task_threads`), so numba threads x dask threads <= the cores a worker was given.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -44,6 +49,7 @@ import dask.array as da
 import numpy as np
 from dask.array.overlap import overlap
 
+from .core.options import option_context, options
 from .core.problem import (
     ConvProblem, array_dtype, make_backward_bias_problem, make_backward_data_problem, make_backward_weight_problem,
     make_problem, make_transpose_problem,
@@ -309,6 +315,21 @@ def chunk_plan(problem: ConvProblem, x_chunks, w_filter_chunks=None) -> ChunkPla
 
 # -- helpers ---------------------------------------------------------------------------------------
 
+def _with_options(run):
+    """``run`` (an in-memory convlib function) under the options in force now, where the graph is
+    built: its blocks run later, in dask's threads or in worker processes, which a caller's
+    :func:`~convlib.core.options.option_context` (per thread) does not reach."""
+    if run is None:
+        return None
+    return functools.partial(_run_with_options, run, {"workspace_cap": options.workspace_cap,
+                                                       "allow_tf32": options.allow_tf32})
+
+
+def _run_with_options(run, settings, *args, **kwargs):
+    with option_context(**settings):
+        return run(*args, **kwargs)
+
+
 def _as_dask(arr, chunks=None):
     """A Dask array for ``arr`` (host arrays become one chunk, or ``chunks``)."""
     if is_dask_array(arr):
@@ -428,6 +449,7 @@ def conv2d(run, check_algo, x, w, bias=None, *, stride=1, padding=0, dilation=1,
     x, w, bias = _host("x", x), _host("w", w), _host("bias", bias)
     w, bias = _like_data(x, w, bias)
     algo = check_algo(algo)
+    run = _with_options(run)
     (xs, xd), (ws, wd) = _shape_dtype("x", x), _shape_dtype("w", w)
     bs, bd = _shape_dtype("bias", bias) if bias is not None else (None, None)
     problem = make_problem(xs, ws, bs, xd, wd, bd, stride=stride, padding=padding, dilation=dilation, groups=groups)
@@ -708,6 +730,7 @@ def conv2d_backward_data(run, check_algo, dy, w, x_shape, *, stride=1, padding=0
     dy, w = _host("dy", dy), _host("w", w)
     (w,) = _like_data(dy, w)
     algo = check_algo(algo)
+    run, forward = _with_options(run), _with_options(forward)
     (dys, dyd), (ws, wd) = _shape_dtype("dy", dy), _shape_dtype("w", w)
     problem = make_backward_data_problem(dys, ws, x_shape, dyd, wd, stride=stride, padding=padding,
                                          dilation=dilation, groups=groups)
@@ -745,6 +768,7 @@ def conv2d_backward_weight(run, check_algo, x, dy, w_shape, *, stride=1, padding
     x, dy = _host("x", x), _host("dy", dy)
     (dy,) = _like_data(x, dy)
     algo = check_algo(algo)
+    run = _with_options(run)
     (xs, xd), (dys, dyd) = _shape_dtype("x", x), _shape_dtype("dy", dy)
     problem = make_backward_weight_problem(xs, dys, w_shape, xd, dyd, stride=stride, padding=padding,
                                            dilation=dilation, groups=groups)
@@ -778,6 +802,7 @@ def conv2d_backward_bias(run, check_algo, dy, *, algo="auto", device=None):
     _required(dy=dy)
     dy = _host("dy", dy)
     algo = check_algo(algo)
+    run = _with_options(run)
     dys, dyd = _shape_dtype("dy", dy)
     problem = make_backward_bias_problem(dys, dyd)
     _check_plan("conv2d_backward_bias", problem, device, algo, dy)
@@ -796,6 +821,7 @@ def conv_transpose2d(run, check_algo, x, w, bias=None, *, stride=1, padding=0, o
     :func:`conv2d_backward_data` (each block runs ``run``); chunks along C_in, H or W at stride 1
     through the forward form, run by ``forward`` (the bias added once, after the partial sums)."""
     algo = check_algo(algo)
+    run, forward, data_pass = _with_options(run), _with_options(forward), _with_options(data_pass)
     _required(x=x, w=w)
     x, w, bias = _host("x", x), _host("w", w), _host("bias", bias)
     w, bias = _like_data(x, w, bias)

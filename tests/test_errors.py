@@ -95,6 +95,61 @@ def test_options_are_validated():
             pass
 
 
+def test_option_context_is_per_thread():
+    """A call's ``allow_tf32=True`` (an option_context) must not make another thread's call, at the
+    same moment, TF32: the context is this thread's; assignments stay process-wide."""
+    import threading
+
+    seen, inside, looked = [], threading.Event(), threading.Event()
+
+    def other_thread():
+        inside.wait()
+        seen.append((convlib.options.allow_tf32, convlib.options.workspace_cap))
+        looked.set()
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    cap = convlib.options.workspace_cap
+    with convlib.option_context(allow_tf32=True, workspace_cap=2**20):
+        assert (convlib.options.allow_tf32, convlib.options.workspace_cap) == (True, 2**20)
+        inside.set()
+        looked.wait(10)
+        with convlib.option_context(workspace_cap=2**21):  # nested: the inner value, then the outer
+            assert (convlib.options.allow_tf32, convlib.options.workspace_cap) == (True, 2**21)
+        assert convlib.options.workspace_cap == 2**20
+    thread.join()
+    assert seen == [(False, cap)]
+    assert (convlib.options.allow_tf32, convlib.options.workspace_cap) == (False, cap)
+    with pytest.raises(ValueError, match="workspace_cap"):  # checked before anything changes
+        with convlib.option_context(allow_tf32=True, workspace_cap=0):
+            pass
+    assert convlib.options.allow_tf32 is False
+
+
+def test_dask_blocks_run_under_the_options_of_the_graph(monkeypatch):
+    """Blocks run later, in dask's threads (or worker processes) that a caller's option_context does
+    not reach: they take the options in force where the graph was built (a spy on the in-memory
+    call each block makes)."""
+    da = pytest.importorskip("dask.array")
+    import convlib.api
+
+    seen, plain = [], convlib.api.conv2d
+
+    def spy(*args, **kwargs):
+        seen.append(convlib.options.workspace_cap)
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(convlib.api, "conv2d", spy)  # what api hands convlib.dask as the block's call
+    x = np.random.default_rng(2).standard_normal((2, 3, 10, 10))
+    w = np.random.default_rng(3).standard_normal((4, 3, 3, 3))
+    with convlib.option_context(workspace_cap=12345678):
+        lazy = convlib.conv2d(da.from_array(x, chunks=(1, 3, 5, 10)), w, padding=1)
+    seen.clear()
+    y = lazy.compute(scheduler="threads")
+    assert seen and set(seen) == {12345678}, f"blocks saw workspace_cap={seen}"
+    np.testing.assert_allclose(y, plain(x, w, padding=1), rtol=1e-12, atol=1e-12)
+
+
 def test_allow_tf32_is_a_validated_permission():
     """``allow_tf32`` takes True or False only; it is a permission, so where no TF32 path exists
     (the CPU) the result is the exact one, and the option is restored after the call."""

@@ -10,10 +10,17 @@ per backend (:mod:`convlib.core.knobs`).
 >>> with convlib.option_context(workspace_cap=16 * 2**20):
 ...     pass                                                # temporarily 16 MiB
 >>> convlib.options.output_cache_bytes = 0                  # no reuse of dropped outputs
+
+Assigning an attribute changes the option for the whole process. :func:`option_context` changes
+it for the ``with`` block *in this thread* (a :mod:`contextvars` context, as ``numpy.errstate``
+does): a call that passes ``allow_tf32=True`` cannot make another thread's call, running at the
+same moment, TF32. A new thread starts from the process-wide values; Dask graphs take the values
+in force where they are built (:mod:`convlib.dask`).
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -72,13 +79,28 @@ class Options:
     allow_tf32: bool = False
 
     def __setattr__(self, name, value):
-        if name == "workspace_cap" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"workspace_cap={value!r} must be a positive int (bytes)")
-        if name == "output_cache_bytes" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"output_cache_bytes={value!r} must be a non-negative int (bytes)")
-        if name == "allow_tf32" and not isinstance(value, bool):
-            raise TypeError(f"allow_tf32={value!r} must be True or False")
+        _check(name, value)
         object.__setattr__(self, name, value)
+
+    def __getattribute__(self, name):
+        overrides = _OVERRIDES.get()
+        if overrides and name in overrides:
+            return overrides[name]
+        return object.__getattribute__(self, name)
+
+
+#: The values :func:`option_context` sets, per thread (and per asyncio task): read before the
+#: process-wide attributes. Never mutated: each context sets a new dict.
+_OVERRIDES: contextvars.ContextVar[dict] = contextvars.ContextVar("convlib_option_overrides", default={})
+
+
+def _check(name, value):
+    if name == "workspace_cap" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"workspace_cap={value!r} must be a positive int (bytes)")
+    if name == "output_cache_bytes" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"output_cache_bytes={value!r} must be a non-negative int (bytes)")
+    if name == "allow_tf32" and not isinstance(value, bool):
+        raise TypeError(f"allow_tf32={value!r} must be True or False")
 
 
 options = Options(
@@ -89,16 +111,18 @@ options = Options(
 
 @contextmanager
 def option_context(**changes):
-    """Set options for the duration of a ``with`` block, then restore them."""
+    """Set options for the duration of a ``with`` block in this thread, then restore them.
+
+    The values are checked as assignments are; other threads keep seeing theirs (see the module
+    docstring)."""
     known = {f.name for f in fields(Options)}
     unknown = set(changes) - known
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)}; known options are {sorted(known)}")
-    saved = {name: getattr(options, name) for name in changes}
+    for name, value in changes.items():
+        _check(name, value)
+    token = _OVERRIDES.set({**_OVERRIDES.get(), **changes})
     try:
-        for name, value in changes.items():
-            setattr(options, name, value)
         yield options
     finally:
-        for name, value in saved.items():
-            object.__setattr__(options, name, value)
+        _OVERRIDES.reset(token)
