@@ -69,6 +69,9 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    # Tests marked early (minutes of cold numba compilation) go first: pytest-xdist hands tests out
+    # in this order, so they run beside the rest instead of after it on one worker.
+    items.sort(key=lambda item: "early" not in item.keywords)
     if config.getoption("--slow"):
         return
     skip = pytest.mark.skip(reason="slow (minutes, gigabytes): run with --slow")

@@ -26,6 +26,7 @@ def _check(y, x, w, b, padding=1, groups=1):
     assert relative_error(y, ref) <= TOLERANCE[y.dtype.name]
 
 
+@pytest.mark.early
 @pytest.mark.parametrize("backend, algo", all_pairs())
 def test_inputs_unchanged_and_layouts(backend, algo, rng):
     device = device_for(backend)

@@ -218,6 +218,7 @@ TINY = {
 }
 
 
+@pytest.mark.early
 def test_tune_writes_a_profile_that_the_next_process_uses(profile_env):
     assert callable(convlib.tune)
     result = convlib.tune("quick", progress=False, shape_sets=TINY)
