@@ -87,6 +87,36 @@ def test_whole_planes_and_bands_agree(case, rng):
     np.testing.assert_allclose(planes, bands, rtol=1e-12, atol=1e-12)
 
 
+#: Bands whose output rows are at least a block long: stored straight into y, the last block of a
+#: row moved back to end at Q. (C, H, W, multiplier, R, S, stride, padding, dilation); W is set
+#: per dtype where it says None (one block exactly).
+WIDE_ROW_CASES = {
+    "5x5-same": (2, 9, 300, 1, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1)),
+    "7x7-stride2-dilated-multiplier2": (1, 20, 301, 2, 7, 3, (2, 2), (3, 1, 0, 4), (1, 2)),
+    "one-block-exactly": (1, 6, None, 1, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("band_bytes", [None, 1], ids=["bands-as-built", "one-row-bands"])
+@pytest.mark.parametrize("case", list(WIDE_ROW_CASES))
+def test_bands_of_wide_rows_match_reference(case, band_bytes, dtype, rng):
+    C, H, W, m, R, S, stride, padding, dilation = WIDE_ROW_CASES[case]
+    block = depthwise.band_block(np.dtype(dtype).itemsize)[1]
+    W = block if W is None else W
+    problem = ConvProblem(1, C, H, W, C * m, R, S, stride, padding, dilation, C, dtype, True)
+    assert problem.Q >= block
+    x, w, b = random_arrays(rng, problem)
+    overrides = {"depthwise_plane_mask_bytes": 0, "depthwise_gather_bytes": 0}
+    if band_bytes is not None:
+        overrides["depthwise_band_bytes"] = band_bytes
+    with KNOBS.override(**overrides):
+        assert not (depthwise.uses_channel_blocks(problem) or depthwise.uses_whole_planes(problem)
+                    or depthwise.uses_gathered_planes(problem))
+        y = depthwise.run(problem, x, w, b)
+    assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[dtype]
+
+
 def test_serves_depthwise_only():
     assert depthwise.supports(ConvProblem(1, 4, 5, 5, 8, 3, 3, groups=4)) is None
     assert "groups == C" in depthwise.supports(ConvProblem(1, 4, 5, 5, 8, 3, 3, groups=2))
@@ -100,7 +130,8 @@ def test_auto_picks_it_for_depthwise_layers_and_small_image_filters():
     assert convlib.choose_algorithm(x, w, stride=2, padding=1, groups=96).algo == "depthwise"
     image = np.ones((1, 1, 64, 64), np.float32)
     assert convlib.choose_algorithm(image, np.ones((1, 1, 5, 5), np.float32), padding=2).algo == "depthwise"
-    assert convlib.choose_algorithm(image, np.ones((1, 1, 7, 7), np.float32), padding=3).algo == "direct"
+    assert convlib.choose_algorithm(image, np.ones((1, 1, 7, 7), np.float32), padding=3).algo == "depthwise"
+    assert convlib.choose_algorithm(image, np.ones((1, 1, 9, 9), np.float32), padding=4).algo == "direct"
 
 
 @pytest.mark.parametrize("case, gather_bytes", [("same-7x7-plane", None), ("stride2-odd-width", None),

