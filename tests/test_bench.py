@@ -297,3 +297,23 @@ def test_asm_check_finds_the_hot_loop_and_counts_it():
     assert block[-1].startswith("jne") and len(block) == 7  # the loop body, not what follows its branch
     assert loop_summary(block) == {"width": "zmm:3", "fma": 3, "acc": 3, "bcast separate": 1, "bcast folded": 1,
                                    "loads": 1, "stack": 0}
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_large_per_channel_problems_are_checked_by_fft_in_float64(bias, monkeypatch):
+    """The image filters' reference (PyTorch's float64 column matrix would not fit): plane by plane
+    by FFT, against the definition on an awkward per-channel problem (multiplier 2, stride, dilation,
+    asymmetric padding), and chosen by reference_for once the column matrix is over budget."""
+    problem = make_problem((2, 3, 23, 19), (6, 1, 4, 3), (6,) if bias else None, np.float32, np.float32,
+                           np.float32 if bias else None, stride=(2, 3), padding=(3, 1, 0, 2), dilation=(2, 1),
+                           groups=3)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(problem.x_shape).astype(np.float32)
+    w = rng.standard_normal(problem.w_shape).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32) if bias else None
+    expected = testing.conv2d_reference_for(problem, x, w, b, "float64")
+    assert testing.relative_error(check.planes_reference(problem, x, w, b), expected) < 1e-12
+    monkeypatch.setattr(check, "FLOAT64_REFERENCE_MAX_COLUMN_BYTES", 1)
+    reference = check.reference_for(problem, x, w, b)
+    assert reference.label == "fft-float64"
+    assert testing.relative_error(reference.y, expected) < 1e-12

@@ -38,8 +38,8 @@ zeros for the padding), once per input plane; the taps then run over its wide ro
 table picks the outputs. On small strided planes this beats the bands' many short row copies.
 
 *Bands* (everything else: large planes). Work items are bands of output rows of one plane
-(``prange`` over them, a few contiguous ranges per thread). A band's input rows are gathered into a small per-thread buffer
-(tens of KB: it stays in L1/L2), with the zero padding its taps read and, at a stride, split into
+(``prange`` over them, a few contiguous ranges per thread). A band's input rows are gathered into a per-thread buffer
+(half an L2: it stays there), with the zero padding its taps read and, at a stride, split into
 the stride's phases (de-interleaved: phase ``(a, b)`` holds rows ``a, a + sh, ...`` and columns
 ``b, b + sw, ...``), as in :mod:`convlib.cpu.direct`'s source planes but one band at a time: no
 padded copy of the tensor exists. At column stride 2 (MobileNet's stride-2 layers) one pass of
@@ -47,10 +47,12 @@ vector loads and shuffles splits each input row into both column phases
 (:func:`_deinterleave_pairs`). In that buffer every tap ``(r, s)`` is a plain shift, so the
 band's outputs are computed along *wide rows* (pitch ``Ws``, the columns past ``Q`` computed and
 dropped): one long contiguous run per tap however narrow the image (a 7x7 plane is one run of 61
-positions, not seven of 7). All ``R*S`` taps are unrolled (``R`` and ``S`` are compile-time
-constants of :func:`depthwise_kernel`), so each output is one vector load of the accumulator-free
-sum: ``R*S`` loads and FMAs, then one store; the valid columns are then copied into ``y``. Padding
-enters as zeros, so a non-finite weight meeting it gives NaN, as the definition's sum does.
+positions, not seven of 7). A block of the run is :data:`BAND_VECTORS` vector accumulators, and
+each tap one broadcast FMA per vector reading the buffer at the tap's shift (:func:`band_block`);
+output rows at least a block long are stored straight into ``y`` (a run per row), shorter ones
+along the wide rows and then copied. A band holds ``depthwise_band_bytes`` (half an L2) of input
+rows, so few rows are gathered twice. Padding enters as zeros, so a non-finite weight meeting it
+gives NaN, as the definition's sum does.
 
 What a new shape costs: one compilation per ``(R, S, dtype)`` (``cache=True``); sizes,
 strides, padding, dilation and the multiplier are run-time values.
@@ -212,7 +214,7 @@ def geometry(problem: ConvProblem) -> tuple[int, int, int, int, int]:
 
 def workspace_bytes(problem: ConvProblem, device=None) -> int:
     """Whole planes: the taps' masks, and per thread one plane with its margins. Bands: per thread,
-    one band's phase planes and its wide-row results (tens of KB). Channel blocks: per thread, one
+    one band's phase planes and its wide-row results (half an L2). Channel blocks: per thread, one
     band's input and output blocks (``depthwise_channel_block_bytes``)."""
     if uses_channel_blocks(problem):
         rows, in_rows, Wb = channel_block_geometry(problem)
@@ -224,7 +226,8 @@ def workspace_bytes(problem: ConvProblem, device=None) -> int:
                 + get_num_threads() * (before + problem.H * problem.W + after) * problem.itemsize)
     if uses_gathered_planes(problem):
         source, _, output_index, wide = gathered_geometry(problem)
-        per_thread = (source.size + BLOCK + _round_up(wide, BLOCK)) * problem.itemsize
+        block = band_block(problem.itemsize)[1]
+        per_thread = (source.size + block + _round_up(wide, block)) * problem.itemsize
         return source.nbytes + output_index.nbytes + get_num_threads() * per_thread
     rows, extra, Ws, phases_h, phases_w = geometry(problem)
     block = band_block(problem.itemsize)[1]
@@ -499,6 +502,8 @@ def gathered_plane_kernel(R: int, S: int, dtype: str):
     """
     taps = R * S
     scalar = np.dtype(dtype).type
+    L, block = band_block(np.dtype(dtype).itemsize)
+    V = BAND_VECTORS
 
     @njit(parallel=True, cache=True, fastmath={"contract"})
     def depthwise_gathered(x, w, bias, source, tap_offset, output_index, wide, threads, y):
@@ -511,12 +516,13 @@ def gathered_plane_kernel(R: int, S: int, dtype: str):
         parts = max(1, min(items, 4 * threads))
         xf, yf = x.reshape(-1), y.reshape(-1)
         for part in prange(parts):
-            buf = np.empty(source.size + BLOCK, x.dtype)
+            buf = np.empty(source.size + block, x.dtype)
             buf[source.size:] = 0  # the last block's overhang
-            row = np.empty((wide + BLOCK - 1) // BLOCK * BLOCK, y.dtype)
+            row = np.empty((wide + block - 1) // block * block, y.dtype)
             wt = stack_array_1d(taps, scalar)
             off = stack_array_1d(taps, np.uintp)
-            acc = stack_array_1d(BLOCK, scalar)
+            acc = stack_array_1d(block, scalar)
+            start_acc = stack_array_1d(L, scalar)
             for t in range(taps):
                 off[t] = uintp(tap_offset[t])
             last_plane = -1
@@ -534,15 +540,18 @@ def gathered_plane_kernel(R: int, S: int, dtype: str):
                         j = source[i]
                         buf[i] = xf[start + j] if j >= 0 else 0
                     last_plane = plane
-                bk = bias[k]
-                for j0 in range(0, wide, BLOCK):
-                    for jj in range(BLOCK):
-                        v = bk
-                        for t in range(taps):
-                            v += wt[t] * buf[off[t] + uintp(j0) + uintp(jj)]
-                        acc[jj] = v
-                    for jj in range(uintp(BLOCK)):
-                        row[uintp(j0) + jj] = acc[jj]
+                for jj in range(L):
+                    start_acc[jj] = bias[k]
+                # As the bands' blocks: V vector accumulators, one broadcast FMA per tap and vector.
+                for j0 in range(0, wide, block):
+                    for v in range(V):
+                        vector_copy(acc, v * L, start_acc, 0, L)
+                    for t in range(taps):
+                        at = off[t] + uintp(j0)
+                        for v in range(V):
+                            vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
+                    for v in range(V):
+                        vector_copy(row, uintp(j0 + v * L), acc, v * L, L)
                 dst = uintp(item * PQ)
                 for i in range(uintp(PQ)):
                     yf[dst + i] = row[output_index[i]]
