@@ -87,13 +87,15 @@ def test_whole_planes_and_bands_agree(case, rng):
     np.testing.assert_allclose(planes, bands, rtol=1e-12, atol=1e-12)
 
 
-#: Bands whose output rows are at least a block long: stored straight into y, the last block of a
-#: row moved back to end at Q. (C, H, W, multiplier, R, S, stride, padding, dilation); W is set
+#: Bands whose output rows are at least a block long: stored straight into y (in pairs of rows at
+#: unit row stride and dilation), the last block of a row moved back to end at Q. (C, H, W, multiplier, R, S, stride, padding, dilation); W is set
 #: per dtype where it says None (one block exactly).
 WIDE_ROW_CASES = {
     "5x5-same": (2, 9, 300, 1, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1)),
     "7x7-stride2-dilated-multiplier2": (1, 20, 301, 2, 7, 3, (2, 2), (3, 1, 0, 4), (1, 2)),
     "one-block-exactly": (1, 6, None, 1, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    # Unit row stride: rows in pairs (an odd band leaves one row alone), here with column phases.
+    "5x3-column-stride2-dilated": (1, 11, 280, 1, 5, 3, (1, 2), (2, 2, 1, 1), (1, 2)),
 }
 
 

@@ -251,6 +251,8 @@ def depthwise_kernel(R: int, S: int, dtype: str):
     scalar = np.dtype(dtype).type
     L, block = band_block(np.dtype(dtype).itemsize)
     V = BAND_VECTORS
+    V2 = V // 2  # vectors per row of a pair of rows
+    half = V2 * L
 
     @njit(parallel=True, cache=True, fastmath={"contract"})
     def depthwise_conv(x, w, bias, stride_h, stride_w, top, left, dil_h, dil_w, rows, threads, y):
@@ -277,6 +279,7 @@ def depthwise_kernel(R: int, S: int, dtype: str):
         # input row (even and odd columns, a vector de-interleave), not two scalar strided copies.
         pair_columns = stride_w == 2 and dil_w == 1
         rows_direct = Q >= block
+        pair_rows = rows_direct and stride_h == 1 and dil_h == 1
         parts = max(1, min(items, 4 * threads))
         # Flat views made once: a view of x or y made inside the loops would touch their shared
         # reference counts, atomically, from every thread.
@@ -341,7 +344,35 @@ def depthwise_kernel(R: int, S: int, dtype: str):
                 # Rows of at least a block go straight into y, a run per output row (the last block
                 # of a row moved back to end at Q: its overlap is computed twice, identically);
                 # shorter ones as one run along the band's wide rows, then copied.
-                for run in range(pb if rows_direct else 1):
+                # At unit row stride and dilation, rows go in pairs: tap (r, s) of row p + 1 reads
+                # the vector of tap (r + 1, s) of row p, loaded once for both (an unaligned vector
+                # load per FMA bound the single rows' 5x5 and 7x7 filters).
+                pairs = pb // 2 if pair_rows else 0
+                for pair in range(pairs):
+                    begin = 2 * pair * Ws
+                    dst = uintp(((n * K + k) * P + p0 + 2 * pair) * Q)
+                    for j in range(0, Q, half):
+                        j0 = min(j, Q - half)
+                        for v in range(V2):
+                            vector_copy(acc, v * L, start_acc, 0, L)
+                            vector_copy(acc, (V2 + v) * L, start_acc, 0, L)
+                        for c in range(S):
+                            at = uintp(off[c] + begin + j0)
+                            for v in range(V2):
+                                vector_fma(acc, v * L, wt, c, buf, at + uintp(v * L), L)
+                        for t in range(S, taps):
+                            at = uintp(off[t] + begin + j0)
+                            for v in range(V2):
+                                vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
+                                vector_fma(acc, (V2 + v) * L, wt, t - S, buf, at + uintp(v * L), L)
+                        for t in range(taps - S, taps):
+                            at = uintp(off[t] + Ws + begin + j0)
+                            for v in range(V2):
+                                vector_fma(acc, (V2 + v) * L, wt, t, buf, at + uintp(v * L), L)
+                        for v in range(V2):
+                            vector_copy(yf, dst + uintp(j0 + v * L), acc, v * L, L)
+                            vector_copy(yf, dst + uintp(Q + j0 + v * L), acc, (V2 + v) * L, L)
+                for run in range(2 * pairs, pb if rows_direct else 1):
                     begin = run * Ws if rows_direct else 0
                     count = Q if rows_direct else length
                     dst = uintp(((n * K + k) * P + p0 + run) * Q)
