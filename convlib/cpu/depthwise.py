@@ -49,8 +49,9 @@ band's outputs are computed along *wide rows* (pitch ``Ws``, the columns past ``
 dropped): one long contiguous run per tap however narrow the image (a 7x7 plane is one run of 61
 positions, not seven of 7). A block of the run is :data:`BAND_VECTORS` vector accumulators, and
 each tap one broadcast FMA per vector reading the buffer at the tap's shift (:func:`band_block`);
-output rows at least a block long are stored straight into ``y`` (a run per row), shorter ones
-along the wide rows and then copied. A band holds ``depthwise_band_bytes`` (half an L2) of input
+output rows at least a block long are stored straight into ``y`` (a run per row; at unit row
+stride and dilation two rows at once, each loaded vector feeding both), shorter ones along the
+wide rows and then copied. A band holds ``depthwise_band_bytes`` (half an L2) of input
 rows, so few rows are gathered twice. Padding enters as zeros, so a non-finite weight meeting it
 gives NaN, as the definition's sum does.
 
