@@ -41,7 +41,7 @@ import os
 import sys
 import threading
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
 
 import dask
@@ -361,12 +361,17 @@ def _host(name, arr):
     return arr if is_dask_array(arr) else host_array(name, arr)
 
 
+def _array_module(arr):
+    """The module of ``arr``'s type (numpy, CuPy), for making arrays of the same kind."""
+    return sys.modules[type(arr).__module__.split(".")[0]]
+
+
 def _device_module(arr):
     """The array module (CuPy) of ``arr``'s chunks when they live on a GPU, else None."""
     meta = getattr(arr, "_meta", arr)
     if meta is None or array_backend(meta) != "cuda":
         return None
-    return sys.modules.get(type(meta).__module__.split(".")[0])
+    return _array_module(meta)
 
 
 def _like_data(data, *arrays):
@@ -649,9 +654,11 @@ def _data_axis(name, chunks, pad, size, stride, dilation, taps) -> DataAxisPlan:
                              f"the next block reads (dilation*(R-1)//stride): rechunk to at least {halo}")
     starts = [0, *ends()[:-1]]
     plan = DataAxisPlan(tuple(chunks), (), halo, before, size, stride, dilation, taps)
-    dx = tuple(plan.local(a, c + (halo if a else 0))[0] + plan.local(a, c + (halo if a else 0))[3]
-               for a, c in zip(starts, chunks))
-    return DataAxisPlan(tuple(chunks), dx, halo, before, size, stride, dilation, taps)
+    dx = []
+    for a, c in zip(starts, chunks):
+        rows, _, _, zeros = plan.local(a, c + (halo if a else 0))
+        dx.append(rows + zeros)
+    return replace(plan, dx_chunks=tuple(dx))
 
 
 def _data_block(dyb, wb, rows, cols, *, run, plans, groups, per_group, channels, arguments, partial):
@@ -666,8 +673,7 @@ def _data_block(dyb, wb, rows, cols, *, run, plans, groups, per_group, channels,
         dx = run(dyb, wb, (dyb.shape[0], c, h, w), padding=(top, bottom, left, right), groups=blocks_groups,
                  **arguments)
     if h_zeros or w_zeros:
-        xp = sys.modules[type(dx).__module__.split(".")[0]]
-        full = xp.zeros((dx.shape[0], c, h + h_zeros, w + w_zeros), dx.dtype)
+        full = _array_module(dx).zeros((dx.shape[0], c, h + h_zeros, w + w_zeros), dx.dtype)
         full[:, :, :h, :w] = dx
         dx = full
     return dx[None] if partial else dx

@@ -357,16 +357,16 @@ def depthwise_kernel(R: int, S: int, dtype: str):
                         for v in range(V2):
                             vector_copy(acc, v * L, start_acc, 0, L)
                             vector_copy(acc, (V2 + v) * L, start_acc, 0, L)
-                        for c in range(S):
-                            at = uintp(off[c] + begin + j0)
+                        for t in range(S):  # filter row 0: row p only
+                            at = uintp(off[t] + begin + j0)
                             for v in range(V2):
-                                vector_fma(acc, v * L, wt, c, buf, at + uintp(v * L), L)
+                                vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
                         for t in range(S, taps):
                             at = uintp(off[t] + begin + j0)
                             for v in range(V2):
                                 vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
                                 vector_fma(acc, (V2 + v) * L, wt, t - S, buf, at + uintp(v * L), L)
-                        for t in range(taps - S, taps):
+                        for t in range(taps - S, taps):  # filter row R-1 of row p + 1, one row below
                             at = uintp(off[t] + Ws + begin + j0)
                             for v in range(V2):
                                 vector_fma(acc, (V2 + v) * L, wt, t, buf, at + uintp(v * L), L)
