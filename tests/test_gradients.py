@@ -382,17 +382,26 @@ def test_blis_allocates_no_more_than_its_workspace(op, rng):
     assert peak - result <= 2 * workspace + 2**20, (peak, result, workspace)
 
 
+#: Knob settings that force each form of the blis weight pass (see convlib.cpu.blis_backward).
+WEIGHT_FORMS = {
+    "taps": dict(blis_weight_taps_min_filters=1),
+    "inner": dict(blis_weight_taps_min_filters=2**62, blis_weight_dot_min_pixels=0),
+    "outer": dict(blis_weight_taps_min_filters=2**62, blis_weight_dot_min_pixels=2**62),
+}
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("form", list(WEIGHT_FORMS))
 @pytest.mark.parametrize("case", list(CASES))
-def test_blis_weight_inner_product_form_matches_reference(case, dtype, rng):
-    """The blis weight pass's inner-product form (for large images) on every contract shape,
-    forced by its pixel threshold; the contract test above runs the other form on them."""
+def test_blis_weight_forms_match_reference(case, form, dtype, rng):
+    """Each form of the blis weight pass on every contract shape, forced by its knobs (the
+    contract test above runs whichever the shape selects)."""
     from convlib.cpu import blis_backward
     from convlib.cpu.tables import KNOBS
 
     problem = make_case(case, dtype)
-    with KNOBS.override(blis_weight_dot_min_pixels=0):
-        assert blis_backward.uses_inner_products(problem)
+    with KNOBS.override(**WEIGHT_FORMS[form]):
+        assert blis_backward.weight_form(problem) == form
         out, ref = run_operation("conv2d_backward_weight", "cpu", "blis", problem, rng)
     err = relative_error(np.asarray(out), ref)
     assert err <= TOLERANCE[dtype], f"{problem.describe()}: relative error {err:.3e}"

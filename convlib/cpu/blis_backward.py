@@ -48,8 +48,30 @@ elements at most, whatever N, H, W are. The long reduction is blocked: each ``kc
 registers before it is added into ``dw``, so a float32 sum over ``N*P*Q`` products carries the
 error of about ``kc + N*P*Q/kc`` additions, not of ``N*P*Q``.
 
-For images of at least ``blis_weight_dot_min_pixels`` output pixels (:data:`KNOBS`) the same GEMM
-runs in inner-product form (:func:`backward_weight_dot_kernel`): the reduction over pixels is the
+With at least ``blis_weight_taps_min_filters`` filters per group (:data:`KNOBS`; every layer but a
+depthwise one) the pass runs in **taps form** (:func:`backward_weight_taps_kernel`), the transposed
+GEMM ``dW_g^T (Cg*R*S x Kg) = Cols_g (Cg*R*S x N*P*Q) @ dY_g^T``, with nothing packed from ``x``:
+
+* a tile is ``MR`` taps by ``NR`` filters, the ``MR`` taps being ``MR`` channels at one filter
+  position ``(r, s)``: they share which output pixels reach inside the image, so the tile's
+  reduction runs over clipped row runs of pixels, and its ``A`` values are broadcasts read in place
+  from ``MR`` channel planes of ``x`` (:func:`~convlib.cpu.micro_kernels.taps_micro_kernel`). No
+  im2col value is ever written: packing ``Cols^T`` tap by tap, one scalar per element, was the
+  outer-product form's cost, and the inner-product form's lane sums and L2 traffic its own;
+* ``B = dY_g^T``: a block of ``blis_weight_taps_pixels`` output pixels (whole rows) of ``dy`` is
+  transposed into pixel-major panels of ``NR`` filters (:func:`transpose_gradient_block`, ``L x L``
+  vector transposes), and each panel is reread from L1/L2 by every tap block;
+* each tile sums one pixel block in registers and stores (first block) or adds its ``MR x NR``
+  sums into ``dW^T``, which :func:`transpose_taps_kernel` turns into ``dw`` at the end. The threads
+  split the filter panels (each transposing only its own filters) when there are at least two per
+  thread, else the tap blocks.
+
+Workspace: per thread one block's panels (``blis_weight_taps_pixels`` x ``Kg``, rounded up to
+``NR``), plus ``dW^T`` (the size of ``dw``). The float32 sums carry the error of about
+``blis_weight_taps_pixels + N*P*Q/blis_weight_taps_pixels`` additions.
+
+Below that many filters, for images of at least ``blis_weight_dot_min_pixels`` output pixels the same
+GEMM runs in inner-product form (:func:`backward_weight_dot_kernel`): the reduction over pixels is the
 vectorised one. Both operands are packed pixel-major by the forward's vector packers, ``x``'s
 taps by :func:`~convlib.cpu.packing.pack_b_from_image` and ``dy``'s filters by
 :func:`~convlib.cpu.packing.pack_b_pointwise` (no transposition), and
@@ -60,7 +82,9 @@ small and the images large; the lane sums are what the inner-product form spends
 the images are small (14x14, 7x7), hence the threshold.
 
 Compile cost: one driver per pass (and form), register tile and dtype, cached on disk; block
-sizes and shapes are run-time values.
+sizes and shapes are run-time values. The taps form compiles its micro-kernel for 1 to ``NR/L``
+vectors (a group's last filter panel may be narrower), and for ``MR`` and ``ceil(MR/2)`` rows (the
+second for groups of at most that many channels, such as an RGB stem).
 """
 
 from __future__ import annotations
@@ -69,14 +93,16 @@ import functools
 from collections import namedtuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from ..core.problem import ConvProblem
 from .blis import geometry_of, part_of_tiles, partitions
 from .clipping import positions_inside
 from .im2col_backward import fill_channels
 from .isa import host_isa
-from .micro_kernels import ACCUMULATE, STORE, dot_micro_kernel, micro_kernel
+from .intrinsics import transpose_block
+from .micro_kernels import ACCUMULATE, STORE, dot_micro_kernel, micro_kernel, micro_kernel_lanes, taps_micro_kernel
 from .packing import RUN_COLUMNS, TAP_COLUMNS, pack_b_from_image, pack_b_pointwise
 from .tables import KNOBS, VECTOR_SLACK_BYTES, blis_blocking
 
@@ -499,6 +525,156 @@ def backward_weight_dot_kernel(MR: int, NT: int, NR: int):
     return blis_backward_weight_dot
 
 
+@functools.lru_cache(maxsize=None)
+def backward_weight_taps_kernel(MR: int, NR: int, L: int):
+    """The jitted driver of the weight pass in taps form for one tile ``MR x NR`` of ``dW^T`` with
+    ``L``-lane vectors (any dtype of that width, block sizes and shape)."""
+    # The last panel of filters may hold fewer vectors: one micro-kernel per width.
+    NR3, NR2, NR1 = max(L, NR - L), max(L, NR - 2 * L), L
+
+    @njit(parallel=True, cache=True)
+    def blis_backward_weight_taps(
+        x,  # IN  (N*C*H*W,) flat NCHW
+        dy,  # IN  (N*K*P*Q,) flat NCHW
+        geo,  # IN  the forward ConvGeometry
+        block_rows,  # output rows (n, p) of the batch per pixel block
+        split_filters,  # whether the threads split the filters' panels (else the tap blocks)
+        dyt_ws,  # SCRATCH per thread, zero: the block's dy, pixel-major, in panels of NR filters
+        rows_ws,  # SCRATCH per thread: the tile's channel-plane offsets (MR,)
+        dwt,  # OUT (groups * Cg*R*S * Kp,): dW^T per group, rows of Kp filters
+    ):
+        Kg = geo.gemm_m
+        taps = geo.gemm_k
+        K, C, H, W = geo.out_channels, geo.channels, geo.height, geo.width
+        P, Q, R, S = geo.out_h, geo.out_w, geo.filter_h, geo.filter_w
+        sh, sw = geo.stride_h, geo.stride_w
+        Cg = C // geo.groups
+        Kp = (Kg + L - 1) // L * L
+        PQ = P * Q
+        HW = H * W
+        c_blocks = (Cg + MR - 1) // MR
+        tap_blocks = R * S * c_blocks
+        panels = (Kg + NR - 1) // NR
+        all_rows = geo.batch * P
+        panel = block_rows * Q * NR
+        threads = dyt_ws.shape[0]
+        for t in prange(threads):
+            dyt, x_rows = dyt_ws[t], rows_ws[t]
+            if split_filters:
+                b_lo, b_hi = 0, tap_blocks
+                k_lo, k_hi = part_of_tiles(Kg, NR, t, threads)
+            else:
+                b_lo, b_hi = part_of_tiles(tap_blocks, 1, t, threads)
+                k_lo, k_hi = 0, Kg
+            for g in range(geo.groups):
+                for row0 in range(0, all_rows, block_rows):
+                    rows = min(block_rows, all_rows - row0)
+                    mode = STORE if row0 == 0 else ACCUMULATE
+                    transpose_gradient_block(dy, K, PQ, P, Q, g * Kg, k_lo, k_hi, row0, rows, NR, panel, L, dyt)
+                    for k0 in range(k_lo, k_hi, NR):
+                        dyt_off = k0 // NR * panel
+                        width = min(NR, (k_hi - k0 + L - 1) // L * L)
+                        for b in range(b_lo, b_hi):
+                            rs = b // c_blocks
+                            c0 = (b - rs * c_blocks) * MR
+                            r = rs // S
+                            s = rs - r * S
+                            for i in range(MR):  # rows past the group's channels reread its last one
+                                x_rows[i] = (g * Cg + min(c0 + i, Cg - 1)) * HW
+                            h_off = r * geo.dil_h - geo.pad_top
+                            w_off = s * geo.dil_w - geo.pad_left
+                            q0 = max(0, (sw - 1 - w_off) // sw)
+                            q1 = max(q0, min(Q, (W - 1 - w_off) // sw + 1))
+                            mr = min(MR, Cg - c0)
+                            off = (g * taps + c0 * R * S + rs) * Kp + k0
+                            ldw = R * S * Kp
+                            if width == NR:
+                                taps_micro_kernel(x, x_rows, dyt, dyt_off, NR, dwt, off, ldw, mr, row0, rows, P, Q, H, W,
+                                                  C * HW, sh, sw, h_off, w_off, q0, q1, mode, MR, NR)
+                            elif width == NR3:
+                                taps_micro_kernel(x, x_rows, dyt, dyt_off, NR, dwt, off, ldw, mr, row0, rows, P, Q, H, W,
+                                                  C * HW, sh, sw, h_off, w_off, q0, q1, mode, MR, NR3)
+                            elif width == NR2:
+                                taps_micro_kernel(x, x_rows, dyt, dyt_off, NR, dwt, off, ldw, mr, row0, rows, P, Q, H, W,
+                                                  C * HW, sh, sw, h_off, w_off, q0, q1, mode, MR, NR2)
+                            else:
+                                taps_micro_kernel(x, x_rows, dyt, dyt_off, NR, dwt, off, ldw, mr, row0, rows, P, Q, H, W,
+                                                  C * HW, sh, sw, h_off, w_off, q0, q1, mode, MR, NR1)
+
+    return blis_backward_weight_taps
+
+
+def transpose_gradient_block(dy, K, PQ, P, Q, k_base, k_lo, k_hi, row0, rows, NR, panel, L, dyt):
+    """``dyt[k // NR * panel + pixel * NR + k % NR] = dy[n, k_base + k, p, q]`` for the filters
+    ``k_lo <= k < k_hi`` (``k_lo`` a multiple of ``NR``) and the pixels of output rows ``row0 ..
+    row0 + rows`` of the batch (``pixel = (n*P + p - row0)*Q + q``): ``L x L`` blocks by vector
+    transposes, the edges one by one. ``L`` a compile-time constant dividing ``NR``. Callable from
+    jitted code only."""
+    raise NotImplementedError("transpose_gradient_block is called from numba-compiled code only")
+
+
+@overload(transpose_gradient_block, prefer_literal=True)
+def _transpose_gradient_block_overload(dy, K, PQ, P, Q, k_base, k_lo, k_hi, row0, rows, NR, panel, L, dyt):
+    if not isinstance(L, types.IntegerLiteral):
+        return None
+    lanes = L.literal_value
+
+    def transpose_gradient_block_impl(dy, K, PQ, P, Q, k_base, k_lo, k_hi, row0, rows, NR, panel, L, dyt):
+        row = row0
+        while row < row0 + rows:
+            n = row // P
+            p = row - n * P
+            image_rows = min(P - p, row0 + rows - row)  # the block's rows in this image: one run of dy
+            count = image_rows * Q
+            src0 = (n * K + k_base) * PQ + p * Q
+            dst0 = (row - row0) * Q * NR
+            whole = count - count % lanes
+            k_whole = k_hi - (k_hi - k_lo) % lanes
+            for k in range(k_lo, k_whole, lanes):
+                dst = k // NR * panel + dst0 + k % NR
+                for j in range(0, whole, lanes):
+                    transpose_block(dyt, dst + j * NR, NR, dy, src0 + k * PQ + j, PQ, lanes)
+                for j in range(whole, count):
+                    for kk in range(lanes):
+                        dyt[dst + j * NR + kk] = dy[src0 + (k + kk) * PQ + j]
+            for k in range(k_whole, k_hi):
+                dst = k // NR * panel + dst0 + k % NR
+                for j in range(count):
+                    dyt[dst + j * NR] = dy[src0 + k * PQ + j]
+            row += image_rows
+
+    return transpose_gradient_block_impl
+
+
+@functools.lru_cache(maxsize=None)
+def transpose_taps_kernel(L: int):
+    """The jitted transposition of the taps form's ``dW^T`` back to the filters' layout, ``L x L``
+    blocks by vector transposes."""
+
+    @njit(parallel=True, cache=True)
+    def transpose_taps(dwt, Kg, taps, groups, dw):
+        """``dw[g*Kg + k, t] = dwt[(g*taps + t)*Kp + k]``, ``Kp`` being ``Kg`` rounded up to ``L``."""
+        Kp = (Kg + L - 1) // L * L
+        k_whole = Kg - Kg % L
+        chunks = (taps + L - 1) // L
+        for item in prange(groups * chunks):
+            g = item // chunks
+            t0 = (item - g * chunks) * L
+            t_end = min(taps, t0 + L)
+            src = g * taps * Kp
+            dst = g * Kg * taps
+            k_from = 0
+            if t_end - t0 == L:
+                for k in range(0, k_whole, L):
+                    transpose_block(dw, dst + k * taps + t0, taps, dwt, src + t0 * Kp + k, Kp, L)
+                k_from = k_whole
+            for t in range(t0, t_end):
+                for k in range(k_from, Kg):
+                    dw[dst + k * taps + t] = dwt[src + t * Kp + k]
+
+    return transpose_taps
+
+
 @njit(parallel=True, cache=True)
 def sum_parts(partial, dw):  # OUT dw (size,): partial[0] + partial[1] + ..., in that order
     parts = partial.shape[0]
@@ -539,9 +715,34 @@ def weight_thread_grid(problem: ConvProblem, blocking, threads: int) -> tuple[in
     return best[1], best[2], best[3]
 
 
-def uses_inner_products(problem: ConvProblem) -> bool:
-    """Whether the weight pass runs in inner-product form (see the module docstring)."""
-    return problem.P * problem.Q >= KNOBS.blis_weight_dot_min_pixels
+def weight_form(problem: ConvProblem) -> str:
+    """The form the weight pass runs in: ``"taps"``, ``"inner"`` (inner products) or ``"outer"``
+    (outer products); see the module docstring."""
+    if problem.K_per_group >= KNOBS.blis_weight_taps_min_filters:
+        return "taps"
+    return "inner" if problem.P * problem.Q >= KNOBS.blis_weight_dot_min_pixels else "outer"
+
+
+TapsLayout = namedtuple("TapsLayout", "MR NR L block_rows split_filters dyt_size dwt_size")
+
+
+def taps_layout(problem: ConvProblem, threads: int) -> TapsLayout:
+    """The taps form's tile, pixel blocks, thread split and workspace sizes (elements)."""
+    p = problem
+    b = blis_blocking(p.dtype)
+    L = micro_kernel_lanes(b.MR, b.NR, p.itemsize)
+    rows = max(1, p.N * p.P)
+    block_rows = max(1, KNOBS.blis_weight_taps_pixels // max(1, p.Q))
+    block_rows = -(-rows // -(-rows // block_rows))  # the same number of blocks, evenly filled
+    panels = -(-p.K_per_group // b.NR)
+    Kp = -(-p.K_per_group // L) * L
+    # Few channels (an RGB stem) take the half-height tile: rows past the channels are wasted FMAs.
+    MR = b.MR if p.C_per_group > (b.MR + 1) // 2 else (b.MR + 1) // 2
+    return TapsLayout(
+        MR=MR, NR=b.NR, L=L, block_rows=block_rows,
+        # each thread transposes the filters it computes: all of them when the threads split the taps
+        split_filters=panels >= 2 * threads,
+        dyt_size=panels * block_rows * p.Q * b.NR, dwt_size=p.groups * p.gemm_k * Kp)
 
 
 def dot_layout(problem: ConvProblem, blocking, threads: int):
@@ -613,20 +814,40 @@ class _BlisWeight:
         return panel_bytes, r_parts, launch
 
     def _form(self, problem: ConvProblem):
-        return (self._inner_products if uses_inner_products(problem) else self._outer_products)(problem)
+        return (self._inner_products if weight_form(problem) == "inner" else self._outer_products)(problem)
 
     def workspace_bytes(self, problem: ConvProblem, device=None) -> int:
         """Bytes of the packed panels per thread, and of the per-part copies of ``dw`` when the
-        reduction is split: independent of N, H, W."""
-        panel_bytes, r_parts, _ = self._form(problem)
-        copies = r_parts * problem.K * problem.gemm_k if r_parts > 1 else 0
-        return panel_bytes + copies * problem.itemsize
+        reduction is split (or of ``dW^T`` in taps form): independent of N and H."""
+        p = problem
+        if weight_form(p) == "taps":
+            threads = partitions()
+            layout = taps_layout(p, threads)
+            return (threads * layout.dyt_size + layout.dwt_size) * p.itemsize + threads * layout.MR * 8
+        panel_bytes, r_parts, _ = self._form(p)
+        copies = r_parts * p.K * p.gemm_k if r_parts > 1 else 0
+        return panel_bytes + copies * p.itemsize
+
+    def _run_taps(self, problem: ConvProblem, x, dy):
+        p = problem
+        dtype = np.dtype(p.dtype)
+        threads = partitions()
+        layout = taps_layout(p, threads)
+        dwt = np.empty(layout.dwt_size, dtype)
+        backward_weight_taps_kernel(layout.MR, layout.NR, layout.L)(
+            x.reshape(-1), dy.reshape(-1), geometry_of(p), layout.block_rows, layout.split_filters,
+            np.zeros((threads, layout.dyt_size), dtype), np.empty((threads, layout.MR), np.int64), dwt)
+        dw = np.empty(p.w_shape, dtype)
+        transpose_taps_kernel(layout.L)(dwt, p.K_per_group, p.gemm_k, p.groups, dw.reshape(-1))
+        return dw
 
     def run(self, problem: ConvProblem, x, dy, device=None):
         p = problem
-        dw = np.zeros(p.w_shape, p.dtype)
         if p.N * p.P * p.Q == 0:
-            return dw
+            return np.zeros(p.w_shape, p.dtype)
+        if weight_form(p) == "taps":
+            return self._run_taps(p, x, dy)
+        dw = np.zeros(p.w_shape, p.dtype)
         _, r_parts, launch = self._form(p)
         partial = dw.reshape(1, -1) if r_parts == 1 else np.zeros((r_parts, dw.size), p.dtype)
         launch(x, dy, partial)

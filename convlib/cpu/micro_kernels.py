@@ -28,6 +28,7 @@ from .codegen import PER_ROW, PER_ROW_VECTOR, PER_VECTOR_ROW, exec_function, ren
 from .intrinsics import (
     prefetch_for_write,
     vector_add_into,
+    vector_copy,
     vector_fma,
     vector_fma_lanes,
     vector_sum,
@@ -84,6 +85,7 @@ _NAMESPACE = {
     "vector_sum": vector_sum,
     "vector_add_into": vector_add_into,
     "vector_store_plus": vector_store_plus,
+    "vector_copy": vector_copy,
     "uintp": np.uintp,
     "ACCUMULATE": ACCUMULATE,
     "STORE_WITH_BIAS": STORE_WITH_BIAS,
@@ -252,3 +254,81 @@ def _dot_micro_kernel_overload(panels, a, a_off, a_stride, b, b_off, b_stride, c
     panel = PANEL.literal_value
     lanes = micro_kernel_lanes(1, panel, c.dtype.bitwidth // 8)
     return _dot_micro_kernel_function(MR.literal_value, NT.literal_value, panel, lanes)
+
+
+# ------------------------------------------------------------------------------------------
+# The taps micro-kernel (the backward weight pass's taps form)
+# ------------------------------------------------------------------------------------------
+_TAPS_MICRO_KERNEL_TEMPLATE = f'''
+def taps_micro_kernel_{{MR}}x{{NR}}(x, x_rows, dyt, dyt_off, ldd, dwt, dwt_off, ldw, mr, row0, rows, P, Q, H, W,
+                                  x_image, sh, sw, h_off, w_off, q0, q1, mode, MR, NR):
+    acc = stack_array_1d({{MR}} * {{NR}}, dwt.dtype)
+    vector_zero(acc, {{o}}, {{L}})  {PER_ROW_VECTOR}
+    x_row{{i}} = x_rows[{{i}}]  {PER_ROW}
+    n = row0 // P
+    p = row0 - n * P
+    # Whole output rows whose input runs continue one another (a 1x1 stride-1 layer, a 3x3
+    # layer's middle column) are one run: 7x7 images would otherwise pay a loop's setup per 7 pixels.
+    merge = q0 == 0 and q1 == Q and sh * W == Q * sw
+    p_end = min(P, (H - 1 - h_off) // sh + 1)
+    r = 0
+    while r < rows:
+        h = p * sh + h_off
+        run_rows = 1
+        if h >= 0 and h < H:
+            count = q1 - q0
+            if merge:
+                run_rows = min(rows - r, p_end - p)
+                count = run_rows * Q
+            xb = n * x_image + h * W + q0 * sw + w_off
+            db = dyt_off + (r * Q + q0) * ldd
+            for q in range(count):
+                xq = xb + q * sw
+                dq = db + q * ldd
+                vector_fma(acc, {{o}}, x, xq + x_row{{i}}, dyt, dq + {{j}}, {{L}})  {PER_VECTOR_ROW}
+        r += run_rows
+        p += run_rows
+        if p == P:
+            p = 0
+            n += 1
+    if mode == ACCUMULATE:
+        if {{i}} < mr: vector_add_into(dwt, dwt_off + {{i}} * ldw + {{j}}, acc, {{o}}, {{L}})  {PER_ROW_VECTOR}
+    else:
+        if {{i}} < mr: vector_copy(dwt, dwt_off + {{i}} * ldw + {{j}}, acc, {{o}}, {{L}})  {PER_ROW_VECTOR}
+'''
+
+
+def render_taps_micro_kernel(MR: int, NR: int, L: int) -> str:
+    """Source of the ``MR x NR`` taps micro-kernel with ``L``-lane vectors."""
+    return render(_TAPS_MICRO_KERNEL_TEMPLATE, MR, NR, L)
+
+
+@functools.lru_cache(maxsize=None)
+def _taps_micro_kernel_function(MR: int, NR: int, L: int):
+    return exec_function(render_taps_micro_kernel(MR, NR, L), f"taps_micro_kernel_{MR}x{NR}", _NAMESPACE, "blis")
+
+
+def taps_micro_kernel(x, x_rows, dyt, dyt_off, ldd, dwt, dwt_off, ldw, mr, row0, rows, P, Q, H, W, x_image, sh, sw,
+                      h_off, w_off, q0, q1, mode, MR, NR):
+    """One ``MR x NR`` tile of ``dW^T`` (``MR`` taps by ``NR`` filters) summed over the output rows
+    ``row0 .. row0 + rows`` of the batch (flat ``n*P + p``): ``dwt[dwt_off + i*ldw + j] (+)= sum
+    x[x_rows[i] + n*x_image + h*W + w] * dyt[dyt_off + ((n*P + p - row0)*Q + q)*ldd + j]`` with
+    ``h = p*sh + h_off`` and ``w = q*sw + w_off``, over the output pixels whose tap lies inside
+    the image (rows with ``0 <= h < H``, columns ``q0 <= q < q1``, which the caller clips).
+
+    ``x`` is read in place: ``x_rows[i]`` is the offset of tap ``i``'s channel plane (the same
+    filter tap for every row, so one clipping serves the tile), each value a broadcast; ``dyt``
+    is the pixel-major panel of ``dy`` (``ldd >= NR`` filters per pixel). Rows ``mr .. MR`` are computed
+    but not written (their ``x_rows`` must still be valid). ``mode`` is :data:`STORE` or
+    :data:`ACCUMULATE`; ``MR`` and ``NR`` compile-time constants. Callable from jitted code only.
+    """
+    raise NotImplementedError("taps_micro_kernel is called from numba-compiled code only")
+
+
+@overload(taps_micro_kernel, prefer_literal=True, jit_options={"fastmath": {"contract"}})
+def _taps_micro_kernel_overload(x, x_rows, dyt, dyt_off, ldd, dwt, dwt_off, ldw, mr, row0, rows, P, Q, H, W, x_image, sh,
+                                sw, h_off, w_off, q0, q1, mode, MR, NR):
+    if not (isinstance(MR, types.IntegerLiteral) and isinstance(NR, types.IntegerLiteral)):
+        return None
+    mr_, nr = MR.literal_value, NR.literal_value
+    return _taps_micro_kernel_function(mr_, nr, micro_kernel_lanes(mr_, nr, dwt.dtype.bitwidth // 8))
