@@ -140,6 +140,8 @@ def test_profile_round_trip(profile_env):
     (lambda d: {**d, "format": 99}, "format 99"),
     (lambda d: {**d, "machine": {**d["machine"], "cpu": "Some Other CPU"}}, "another machine.*cpu"),
     (lambda d: {**d, "machine": {**d["machine"], "threads": 64}}, "another machine.*threads"),
+    # tuned against other kernels or rules (an earlier checkout): its values are stale
+    (lambda d: {**d, "machine": {**d["machine"], "kernels": "0123456789abcdef"}}, "another machine.*kernels"),
     (lambda d: {**d, "knobs": {"no_such_knob": {"value": 1}}}, "unknown knob"),
     (lambda d: {**d, "knobs": {"blis_blocking": {"rows": [[["avx512", "float32"], {
         "type": "BlisBlocking", "MC": 100, "KC": 256, "NC": 1024, "MR": 6, "NR": 64}]]}}}, "multiple of MR"),

@@ -3,8 +3,11 @@
 A profile is one JSON file per machine, ``$CONVLIB_CACHE_DIR/profiles/cpu-<digest>.json``
 (default ``~/.cache/convlib``), where ``<digest>`` is a hash of :func:`machine_identity`: the CPU
 model, the instruction set and loop-vector width numba compiles for, the cache sizes, numba's
-thread count and the convlib version. A profile measured with 2 threads is not used with 16,
-nor after an upgrade of convlib, nor on a copy of the home directory mounted on another machine.
+thread count, the convlib version and a digest of the CPU kernels' and selection rules' source
+(:func:`kernels_digest`). A profile measured with 2 threads is not used with 16, nor after an
+upgrade of convlib or an edit of its kernels, rules or built-in knob values (a value tuned against
+other kernels, or chosen against another default, is stale), nor on a copy of the home directory
+mounted on another machine.
 
 The CPU knob table (:data:`convlib.cpu.tables.KNOBS`) loads it on first use, between the
 built-in and machine-derived defaults and the ``override`` in force (see
@@ -18,6 +21,7 @@ on another machine is ignored with a :class:`RuntimeWarning` that says why, neve
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -44,8 +48,26 @@ def thread_count() -> int:
     return int(config.NUMBA_NUM_THREADS)
 
 
+#: The packages whose source a profile's values depend on: the CPU kernels with their knob table,
+#: and the selection rules ``auto`` applies with the ``auto_*`` knobs.
+_TUNED_PACKAGES = ("cpu", "dispatch")
+
+
+@functools.lru_cache(maxsize=None)
+def kernels_digest() -> str:
+    """A hash of the source of :data:`_TUNED_PACKAGES` (every ``.py`` file, in name order)."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for package in _TUNED_PACKAGES:
+        for path in sorted((root / package).glob("*.py")):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def machine_identity() -> dict:
-    """What a profile must match to be used: CPU, instruction set, caches, threads, convlib."""
+    """What a profile must match to be used: CPU, instruction set, caches, threads, convlib and
+    its kernels' source."""
     caches = cache_sizes()
     return {
         "cpu": cpu_model(),
@@ -54,6 +76,7 @@ def machine_identity() -> dict:
         "caches": {k: caches[k] for k in ("L1d", "L2", "L3")},
         "threads": thread_count(),
         "convlib": __version__,
+        "kernels": kernels_digest(),
     }
 
 
