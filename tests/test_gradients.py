@@ -382,6 +382,34 @@ def test_blis_allocates_no_more_than_its_workspace(op, rng):
     assert peak - result <= 2 * workspace + 2**20, (peak, result, workspace)
 
 
+#: (split, partitions, problem) that put the taps form's threads on each of its splits; K = 130
+#: leaves the last filter panel one vector wide, and 3 partitions split unevenly.
+TAPS_SPLITS = [
+    ("taps", 2, ConvProblem(2, 7, 9, 11, 20, 3, 3, padding=(1, 1, 1, 1))),
+    ("taps", 3, ConvProblem(5, 4, 19, 23, 34, 3, 2, stride=(2, 3), padding=(2, 0, 1, 1), dilation=(1, 2),
+                            groups=2)),
+    ("filters", 1, ConvProblem(2, 5, 9, 10, 130, 3, 3, padding=(1, 2, 0, 1))),
+    ("filters", 3, ConvProblem(1, 4, 8, 8, 400, 2, 3, stride=(2, 1))),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("split, partitions, shape", TAPS_SPLITS,
+                         ids=[f"{s}-{n}-{i}" for i, (s, n, _) in enumerate(TAPS_SPLITS)])
+def test_blis_weight_taps_form_thread_splits_match_reference(split, partitions, shape, dtype, rng):
+    """The taps form with its threads on the filter panels or on the tap blocks, on uneven
+    splits and a narrow last panel."""
+    from convlib.cpu import blis_backward
+    from convlib.cpu.tables import KNOBS
+
+    problem = replace(shape, dtype=dtype)
+    with KNOBS.override(blis_partitions=partitions, blis_weight_taps_pixels=24):
+        assert blis_backward.taps_layout(problem, partitions).split_filters == (split == "filters")
+        out, ref = run_operation("conv2d_backward_weight", "cpu", "blis", problem, rng)
+    err = relative_error(np.asarray(out), ref)
+    assert err <= TOLERANCE[dtype], f"{problem.describe()}: relative error {err:.3e}"
+
+
 #: Knob settings that force each form of the blis weight pass (see convlib.cpu.blis_backward).
 WEIGHT_FORMS = {
     "taps": dict(blis_weight_taps_min_filters=1),
