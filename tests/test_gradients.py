@@ -410,6 +410,25 @@ def test_blis_weight_taps_form_thread_splits_match_reference(split, partitions, 
     assert err <= TOLERANCE[dtype], f"{problem.describe()}: relative error {err:.3e}"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [
+    ConvProblem(2, 7, 9, 11, 40, 3, 3, padding=(1, 1, 1, 1)),
+    ConvProblem(3, 2, 10, 8, 20, 5, 3, stride=(2, 1), padding=(2, 1, 0, 1)),
+    ConvProblem(2, 6, 7, 9, 36, 3, 3, padding=(1, 1, 1, 1), groups=3),
+], ids=["3x3", "2-channels-strided", "groups"])
+def test_blis_weight_taps_form_with_the_avx2_tile_matches_reference(shape, dtype, rng):
+    """The taps form with AVX2's register tile (3 rows, 4 vectors there; here on this host's
+    vectors), its half-height tile for 1-2 channels and a narrower last filter panel."""
+    from convlib.cpu.tables import KNOBS, BlisBlocking
+
+    problem = replace(shape, dtype=dtype)
+    tile = BlisBlocking(MC=96, KC=256, NC=512, MR=3, NR=32 if dtype == "float32" else 16)
+    with KNOBS.override(blis_blocking=tile, blis_weight_taps_min_filters=1):
+        out, ref = run_operation("conv2d_backward_weight", "cpu", "blis", problem, rng)
+    err = relative_error(np.asarray(out), ref)
+    assert err <= TOLERANCE[dtype], f"{problem.describe()}: relative error {err:.3e}"
+
+
 #: Knob settings that force each form of the blis weight pass (see convlib.cpu.blis_backward).
 WEIGHT_FORMS = {
     "taps": dict(blis_weight_taps_min_filters=1),
