@@ -554,7 +554,6 @@ def backward_weight_taps_kernel(MR: int, NR: int, L: int):
         HW = H * W
         c_blocks = (Cg + MR - 1) // MR
         tap_blocks = R * S * c_blocks
-        panels = (Kg + NR - 1) // NR
         all_rows = geo.batch * P
         panel = block_rows * Q * NR
         threads = dyt_ws.shape[0]
