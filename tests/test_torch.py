@@ -135,6 +135,37 @@ def test_opcheck(op, args):
 
 
 # ------------------------------------------------------------------------------------------
+# The eager path: the same numbers as the ops, without their dispatch.
+# ------------------------------------------------------------------------------------------
+def _refuse(*args):
+    raise AssertionError("the eager path called a custom op")
+
+
+@pytest.mark.parametrize("geometry", [(1, 1, 1, 1), (2, (0, 1, 2, 1), 2, 2)], ids=geometry_id)
+def test_eager_path_matches_the_ops_without_calling_them(geometry, monkeypatch):
+    """First-order gradients in eager mode call convlib directly (the ops refused here), and give
+    exactly what the ops give."""
+    stride, padding, dilation, groups = geometry
+    x, w, b = tensors(groups=groups)
+    geo = (list(ct._pair("stride", stride)), list(ct._padding(padding, w.shape[2:], (1, 1), (1, 1))),
+           list(ct._pair("dilation", dilation)), groups)
+    y_ops = OPS.conv2d(x, w, b, *geo, "auto", "auto")
+    dy = torch.randn_like(y_ops)
+    grads_ops = torch.autograd.grad(y_ops, (x, w, b), dy)
+    for name in ("_conv2d_op", "_backward_data_op", "_backward_weight_op", "_backward_bias_op"):
+        monkeypatch.setattr(ct, name, _refuse)
+    y = ct.conv2d(x, w, b, stride, padding, dilation, groups)
+    grads = torch.autograd.grad(y, (x, w, b), dy)
+    torch.testing.assert_close(y, y_ops, rtol=0, atol=0)
+    for got, want in zip(grads, grads_ops):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # A backward that records its own graph needs the ops' formulas: it calls them.
+    y = ct.conv2d(x, w, b, stride, padding, dilation, groups)
+    with pytest.raises(AssertionError, match="called a custom op"):
+        torch.autograd.grad(y, (x, w, b), dy, create_graph=True)
+
+
+# ------------------------------------------------------------------------------------------
 # The drop-in module.
 # ------------------------------------------------------------------------------------------
 MODULE_CONFIGS = [
