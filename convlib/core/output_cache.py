@@ -24,6 +24,7 @@ the same pool (:func:`convlib.sycl.memory.device_empty`, through :func:`take` an
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 
@@ -57,10 +58,10 @@ def empty(shape, dtype) -> np.ndarray:
     """An uninitialised C-contiguous array, like ``np.empty(shape, dtype)``, starting on a
     :data:`ALIGNMENT`-byte boundary."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < MIN_BYTES or not enabled():
         raw = np.empty(nbytes + ALIGNMENT, np.uint8)
-        start = -raw.ctypes.data % ALIGNMENT
+        start = -raw.__array_interface__["data"][0] % ALIGNMENT
         return raw[start:start + nbytes].view(dtype).reshape(shape)
     key = ("host", nbytes)
     block = take(key)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -61,6 +62,9 @@ class ConvProblem:
     -----
     Derived sizes (``P``, ``Q``, the GEMM sizes, FLOPs, bytes) are properties, so the
     dataclass stays a plain value: two equal problems hash equal whatever was asked of them.
+    The ones a call reads many times are cached on the instance (``functools.cached_property``:
+    not fields, so neither compared nor hashed): a call's plan reads ``P`` a score of times, and
+    a small layer's convolution takes a few microseconds.
     The GEMM view is per group: ``M = K / groups`` rows of filters, ``Ngemm = N * P * Q`` output
     pixels, ``Kgemm = C / groups * R * S`` reduction length.
     """
@@ -88,31 +92,31 @@ class ConvProblem:
             _check_sizes(self)
 
     # -- output size -----------------------------------------------------------------------
-    @property
+    @cached_property
     def P(self) -> int:
         """Output height."""
         top, bottom = self.padding[0], self.padding[1]
         return (self.H + top + bottom - self.dilation[0] * (self.R - 1) - 1) // self.stride[0] + 1
 
-    @property
+    @cached_property
     def Q(self) -> int:
         """Output width."""
         left, right = self.padding[2], self.padding[3]
         return (self.W + left + right - self.dilation[1] * (self.S - 1) - 1) // self.stride[1] + 1
 
-    @property
+    @cached_property
     def x_shape(self) -> tuple[int, int, int, int]:
         return (self.N, self.C, self.H, self.W)
 
-    @property
+    @cached_property
     def w_shape(self) -> tuple[int, int, int, int]:
         return (self.K, self.C // self.groups, self.R, self.S)
 
-    @property
+    @cached_property
     def y_shape(self) -> tuple[int, int, int, int]:
         return (self.N, self.K, self.P, self.Q)
 
-    @property
+    @cached_property
     def output_shape(self) -> tuple[int, ...]:
         """The shape of the operation's result: ``y``, ``dx``, ``dw`` or ``db``."""
         return {
@@ -122,7 +126,7 @@ class ConvProblem:
             "conv2d_backward_bias": (self.K,),
         }[self.operation]
 
-    @property
+    @cached_property
     def input_shapes(self) -> tuple[tuple[int, ...], ...]:
         """The shapes of the arrays the operation reads, in the order its ``run`` takes them."""
         return {
@@ -137,7 +141,7 @@ class ConvProblem:
         """The shape of the bias the operation adds (when ``has_bias``): its result's channels."""
         return (self.C,) if self.operation == "conv2d_backward_data" else (self.K,)
 
-    @property
+    @cached_property
     def output_bytes(self) -> int:
         """Bytes of the operation's result."""
         return math.prod(self.output_shape) * self.itemsize
@@ -188,18 +192,18 @@ class ConvProblem:
         """Rows of the filter matrix: output channels per group."""
         return self.K_per_group
 
-    @property
+    @cached_property
     def gemm_n(self) -> int:
         """Columns of the image matrix: output pixels of the whole batch."""
         return self.N * self.P * self.Q
 
-    @property
+    @cached_property
     def gemm_k(self) -> int:
         """Reduction length: input channels per group times filter taps."""
         return self.C_per_group * self.R * self.S
 
     # -- cost ------------------------------------------------------------------------------
-    @property
+    @cached_property
     def flops(self) -> int:
         """Multiply-adds counted as two FLOPs (bias not counted); the same for both backward
         passes, which do the forward's multiplications in another order. The bias gradient:
@@ -208,7 +212,7 @@ class ConvProblem:
             return self.N * self.C * self.H * self.W
         return 2 * self.groups * self.gemm_m * self.gemm_n * self.gemm_k
 
-    @property
+    @cached_property
     def bytes_moved(self) -> int:
         """Compulsory memory traffic: read the operation's inputs (and bias) once, write its
         result once."""

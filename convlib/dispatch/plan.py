@@ -260,6 +260,13 @@ class _Uncacheable(Exception):
 
 
 def _typed(value):
+    kind = type(value)
+    if kind is int or kind is str:
+        return (kind, value)
+    if (kind is tuple or kind is list) and all(type(v) is int for v in value):
+        # The common shapes and geometries, in one step: a sequence of ints keys as itself (no
+        # other form of key holds bare ints inside a sequence, so no two values share a key).
+        return (kind, tuple(value))
     if isinstance(value, (tuple, list)):
         return (type(value), tuple(_typed(v) for v in value))
     if isinstance(value, _SIGNATURE_SCALARS):
