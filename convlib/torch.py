@@ -279,9 +279,15 @@ class _EagerConv2d(torch.autograd.Function):
         return _conv2d_gradients(ctx, dy, _backward_data_values, _backward_weight_values, _backward_bias_values)
 
 
+# torch.func's transforms (vmap, ...) take the op (an old-style autograd.Function is refused
+# there); the check is private to PyTorch, so without it every call takes the op.
+_functorch_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None)
+
+
 def _conv2d_call(*arguments):
-    """``convlib::conv2d`` under torch.compile (and export), :class:`_EagerConv2d` otherwise."""
-    if torch.compiler.is_compiling():
+    """``convlib::conv2d`` under torch.compile (and export) and torch.func's transforms,
+    :class:`_EagerConv2d` otherwise."""
+    if torch.compiler.is_compiling() or _functorch_transforms_active is None or _functorch_transforms_active():
         return _conv2d_op(*arguments)
     return _EagerConv2d.apply(*arguments)
 

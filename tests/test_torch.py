@@ -165,6 +165,14 @@ def test_eager_path_matches_the_ops_without_calling_them(geometry, monkeypatch):
         torch.autograd.grad(y, (x, w, b), dy, create_graph=True)
 
 
+def test_vmap_takes_the_op():
+    """torch.func.vmap over conv2d (per-image calls, PyTorch's batching fallback) gives the
+    batched convolution: the eager Function would be refused there, so the op runs."""
+    x, w, b = (t.detach() for t in tensors())
+    batched = torch.func.vmap(lambda xi: ct.conv2d(xi[None], w, b, 1, 1)[0])(x)
+    torch.testing.assert_close(batched, ct.conv2d(x, w, b, 1, 1), rtol=1e-12, atol=1e-12)
+
+
 # ------------------------------------------------------------------------------------------
 # The drop-in module.
 # ------------------------------------------------------------------------------------------
