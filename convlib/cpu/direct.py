@@ -461,18 +461,29 @@ def run(problem, x, w, bias, device):
     return y
 
 
+@functools.lru_cache(maxsize=256)
+def _layout(problem, threads: int, knob_state):
+    """``(blocking, planes, tap offsets, schedule)`` of a call: what :func:`_run` computes
+    before its kernels, in Python (longer than a small layer's kernel), once per problem, thread
+    count and knob state (``KNOBS.state()``, a key only: the blockings and the schedule read the
+    knobs). The offsets are read, never written, by the kernel."""
+    blk = choose_blocking(problem)
+    planes = _planes(problem, blk.QB)
+    return blk, planes, _tap_offsets(problem, planes), schedule(problem, blk, threads)
+
+
 def _run(problem, x, w, bias, y):
     """Gather, pack and run the kernel with numba's current thread count; fills ``y``."""
     dtype = np.dtype(problem.dtype)
     N = problem.N
-    blk = choose_blocking(problem)
+    threads = get_num_threads()
+    blk, planes, tap_offsets, plan = _layout(problem, threads, KNOBS.state())
     KB, QB = blk.KB, blk.QB
     groups = problem.groups
     Kg, Cg = problem.K_per_group, problem.C_per_group
     nkb = -(-Kg // KB)
     taps = Cg * problem.R * problem.S
 
-    planes = _planes(problem, QB)
     plane_block = planes.planes_per_channel * planes.Hs * planes.Ws
     if planes.copy:
         # A zero tail of QB elements: a block longer than a whole image reads into it.
@@ -496,11 +507,9 @@ def _run(problem, x, w, bias, y):
         bias_packed[:, :Kg] = bias.reshape(groups, Kg)
     bias_packed = bias_packed.reshape(groups, nkb, KB)
 
-    threads = get_num_threads()
-    plan = schedule(problem, blk, threads)
     kernel = direct_kernel(problem.dtype, KB, QB)
     kernel(
-        xs, problem.C * plane_block, Cg * plane_block, _tap_offsets(problem, planes),
+        xs, problem.C * plane_block, Cg * plane_block, tap_offsets,
         wpack, bias_packed, planes.Ws, plan.chunk_blocks, plan.k_ranges,
         threads, np.zeros(1, dtype=np.int64), y,
     )
