@@ -70,8 +70,9 @@ ConvGeometry = namedtuple(
 )
 
 
+@functools.lru_cache(maxsize=256)
 def geometry_of(problem: ConvProblem) -> ConvGeometry:
-    """The :class:`ConvGeometry` of ``problem``."""
+    """The :class:`ConvGeometry` of ``problem`` (a value: one per problem, computed once)."""
     p = problem
     return ConvGeometry(
         p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, p.stride[0], p.stride[1],

@@ -727,6 +727,12 @@ TapsLayout = namedtuple("TapsLayout", "MR NR L block_rows split_filters dyt_size
 
 def taps_layout(problem: ConvProblem, threads: int) -> TapsLayout:
     """The taps form's tile, pixel blocks, thread split and workspace sizes (elements)."""
+    return _taps_layout(problem, threads, KNOBS.state())
+
+
+@functools.lru_cache(maxsize=256)
+def _taps_layout(problem: ConvProblem, threads: int, knob_state) -> TapsLayout:
+    # knob_state (KNOBS.state()) is a key only: the layout reads the blocking and pixel knobs.
     p = problem
     b = blis_blocking(p.dtype)
     L = micro_kernel_lanes(b.MR, b.NR, p.itemsize)
