@@ -452,3 +452,41 @@ def test_blis_weight_forms_match_reference(case, form, dtype, rng):
         out, ref = run_operation("conv2d_backward_weight", "cpu", "blis", problem, rng)
     err = relative_error(np.asarray(out), ref)
     assert err <= TOLERANCE[dtype], f"{problem.describe()}: relative error {err:.3e}"
+
+
+#: Stride 1 with Q == W: the data pass adds each tile row as one run per image (wrapped columns
+#: zeroed in the tile). Small images so that one tile spans several images; asymmetric padding,
+#: dilation, groups.
+WHOLE_ROW_SHAPES = [
+    ConvProblem(5, 4, 5, 5, 6, 3, 3, padding=(1, 1, 1, 1)),
+    ConvProblem(3, 3, 6, 7, 8, 3, 3, padding=(0, 2, 1, 1)),
+    ConvProblem(2, 4, 9, 8, 4, 3, 3, padding=(2, 2, 2, 2), dilation=(2, 2)),
+    ConvProblem(4, 6, 4, 6, 6, 3, 5, padding=(1, 1, 3, 1), groups=2),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("partitions", [1, 3])
+@pytest.mark.parametrize("shape", WHOLE_ROW_SHAPES, ids=["5x5-images", "asymmetric", "dilated", "groups"])
+def test_blis_data_pass_whole_rows_match_reference(shape, partitions, dtype, rng):
+    """The blis data pass's whole-row store, with and without a bias (conv_transpose2d), and a
+    NaN in ``dy`` at the first and last output column: it reaches exactly the elements of ``dx``
+    the definition sends it to, none in a neighbouring row."""
+    from convlib.cpu.tables import KNOBS
+
+    problem = replace(shape, dtype=dtype)
+    assert problem.stride == (1, 1) and problem.Q == problem.W
+    with KNOBS.override(blis_partitions=partitions):
+        for with_bias in (False, True):
+            out, ref = run_operation("conv2d_backward_data", "cpu", "blis", problem, rng, with_bias=with_bias)
+            err = relative_error(np.asarray(out), ref)
+            assert err <= TOLERANCE[dtype], f"{problem.describe()}: relative error {err:.3e}"
+        dy = rng.standard_normal(problem.y_shape).astype(dtype)
+        w = rng.standard_normal(problem.w_shape).astype(dtype)
+        dy[1, 0, 1, 0] = np.nan
+        dy[-1, -1, -1, problem.Q - 1] = np.nan
+        out = convlib.conv2d_backward_data(dy, w, problem.x_shape, algo="blis", **geometry(problem))
+    ref = conv2d_backward_data_reference(dy, w, problem.x_shape, **geometry(problem))
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    finite = ~np.isnan(ref)
+    assert relative_error(np.asarray(out)[finite], ref[finite]) <= TOLERANCE[dtype]

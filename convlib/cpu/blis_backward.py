@@ -16,7 +16,10 @@ built. The loops are those of :mod:`convlib.cpu.blis` with its micro-kernel
   consecutive taps ``(c, r, s)`` of one filter) are contiguous in ``w``;
 * the micro-kernel's ``MR x NR`` tile goes to a per-thread buffer, and :func:`add_tile_to_image`
   adds it into ``dx``: col2im folded into the store, row by row of the tile and in runs of one
-  output row of pixels, each run a strided (stride 1: contiguous) add into one input row.
+  output row of pixels, each run a strided (stride 1: contiguous) add into one input row. At
+  stride 1 with ``Q == W`` (a "same" layer) a tile row is one contiguous add per image, its
+  values that wrap into a neighbouring row zeroed first (:func:`_add_tile_rows_whole`): on
+  8x8 images the runs of 8 had cost more than the GEMM.
 
 ``dx`` starts as the bias (``conv_transpose2d``) or zero. Two threads add into the same ``dx``
 element only if they hold taps of the same input channel and pixels of the same image, so each
@@ -137,6 +140,61 @@ def pack_a_transposed(w, first_filter, row0, mc, kc, taps, Ac, MR):
 
 
 @njit(cache=True, inline="always")
+def _add_tile_rows_whole(tile, NR, geo, channel0, row0, mr, col0, nr, n_first, q_first, dx):
+    """:func:`add_tile_to_image` at stride 1 with ``Q == W``: pixel ``pq`` of an image (flat,
+    ``p*Q + q``) reads tap ``(r, s)`` at flat ``pq + row_off*W + off`` of its input plane, so a
+    tile row is one contiguous add per image, not one per output row. The tile's values whose
+    column falls outside the image are zeroed first: their place in the run is in a neighbouring
+    row of the same plane (this thread's), to which they add nothing. The run is clipped to the
+    rows inside the image and to the plane itself."""
+    H, W, P, Q = geo.height, geo.width, geo.out_h, geo.out_w
+    S = geo.filter_w
+    RS = geo.filter_h * S
+    PQ = P * Q
+    C = geo.channels
+    for i in range(mr):
+        row = row0 + i
+        c = row // RS
+        r = (row - c * RS) // S
+        s = row - c * RS - r * S
+        row_off = r * geo.dil_h - geo.pad_top
+        off = s * geo.dil_w - geo.pad_left
+        q_in_lo, q_in_hi = positions_inside(off, 1, W, Q)
+        if q_in_lo > 0 or q_in_hi < Q:
+            first_row = -q_first  # tile column of the current output row's q = 0
+            while first_row < nr:
+                for q in range(q_in_lo):
+                    j = first_row + q
+                    if j >= 0 and j < nr:
+                        tile[i * NR + j] = 0
+                for q in range(q_in_hi, Q):
+                    j = first_row + q
+                    if j >= 0 and j < nr:
+                        tile[i * NR + j] = 0
+                first_row += Q
+        p_lo, p_hi = positions_inside(row_off, 1, H, P)
+        shift = row_off * W + off
+        lo_limit = max(p_lo * Q, -shift)
+        hi_limit = min(p_hi * Q, H * W - shift)
+        n = n_first
+        pq = col0 - n_first * PQ
+        done = 0
+        while done < nr:
+            seg = min(nr - done, PQ - pq)
+            lo = max(pq, lo_limit)
+            hi = min(pq + seg, hi_limit)
+            if hi > lo:
+                # Unsigned indices: LLVM vectorises the add (lo + shift >= 0 by the clipping).
+                d = np.uintp((n * C + channel0 + c) * H * W + lo + shift)
+                t0 = np.uintp(i * NR + done + lo - pq)
+                for t in range(np.uintp(hi - lo)):
+                    dx[d + t] += tile[t0 + t]
+            done += seg
+            pq = 0
+            n += 1
+
+
+@njit(cache=True, inline="always")
 def add_tile_to_image(tile, NR, geo, channel0, row0, mr, col0, nr, dx):
     """col2im of one tile: ``tile[i*NR + j]`` (tap ``row0 + i`` of the group whose first input
     channel is ``channel0``, pixel ``col0 + j``) is added to ``dx`` (flat NCHW) at the input
@@ -154,6 +212,9 @@ def add_tile_to_image(tile, NR, geo, channel0, row0, mr, col0, nr, dx):
     n_first = col0 // PQ
     p_first = (col0 - n_first * PQ) // Q
     q_first = col0 - n_first * PQ - p_first * Q
+    if sh == 1 and sw == 1 and Q == W:
+        _add_tile_rows_whole(tile, NR, geo, channel0, row0, mr, col0, nr, n_first, q_first, dx)
+        return
     for i in range(mr):
         row = row0 + i
         c = row // RS
