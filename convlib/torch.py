@@ -22,6 +22,11 @@ backward ops, and the backward ops, being linear in each argument, have gradient
 the three convolutions, so gradients of any order go through convlib. Tensors on the CPU are
 computed by convlib's numba kernels without a copy; CUDA tensors by its numba-cuda backend.
 
+In eager mode, :func:`conv2d` and :class:`Conv2d` run an ``autograd.Function`` that calls the
+ops' bodies directly (a custom op's dispatch costs more Python than a small layer's kernel);
+``torch.compile``, ``torch.export``, ``torch.func``'s transforms and ``create_graph`` backwards
+run the ops themselves.
+
 This module imports ``torch`` (``import convlib`` never does): import it as ``convlib.torch``.
 Inside it, ``torch`` is PyTorch (imports are absolute), never this module.
 """
