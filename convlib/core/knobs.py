@@ -41,6 +41,7 @@ override still replaces every row. :meth:`KnobTable.source` says which layer a v
 from __future__ import annotations
 
 import contextlib
+import functools
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -197,6 +198,21 @@ class KnobTable:
         part); ``()`` when nothing overrides the defaults."""
         overrides = tuple(sorted(self._overrides.get().items()))
         return overrides + ((("<profile>", self._generation),) if self._generation else ())
+
+    def cached(self, fn: Callable) -> Callable:
+        """``fn`` memoised on its (hashable) arguments and :meth:`state`: for what a backend
+        computes in Python from a problem and the knobs before its kernels (block sizes,
+        layouts), which a small layer's call would otherwise redo each time. A change of knobs
+        (an override, a new profile) is a new key, so nothing needs invalidating."""
+        @functools.lru_cache(maxsize=256)
+        def keyed(state, *args):
+            return fn(*args)
+
+        @functools.wraps(fn)
+        def memoised(*args):
+            return keyed(self.state(), *args)
+
+        return memoised
 
     def knobs(self) -> list[Knob]:
         """Every knob, in table order."""

@@ -140,6 +140,18 @@ def pack_a_transposed(w, first_filter, row0, mc, kc, taps, Ac, MR):
 
 
 @njit(cache=True, inline="always")
+def _tap_of_row(row, geo):
+    """``(c, row_off, off)`` of tap row ``row`` (``(c, r, s)`` within its group): its channel,
+    and where it reads relative to an output pixel's first row and column."""
+    S = geo.filter_w
+    RS = geo.filter_h * S
+    c = row // RS
+    r = (row - c * RS) // S
+    s = row - c * RS - r * S
+    return c, r * geo.dil_h - geo.pad_top, s * geo.dil_w - geo.pad_left
+
+
+@njit(cache=True, inline="always")
 def _add_tile_rows_whole(tile, NR, geo, channel0, row0, mr, col0, nr, n_first, q_first, dx):
     """:func:`add_tile_to_image` at stride 1 with ``Q == W``: pixel ``pq`` of an image (flat,
     ``p*Q + q``) reads tap ``(r, s)`` at flat ``pq + row_off*W + off`` of its input plane, so a
@@ -148,17 +160,10 @@ def _add_tile_rows_whole(tile, NR, geo, channel0, row0, mr, col0, nr, n_first, q
     row of the same plane (this thread's), to which they add nothing. The run is clipped to the
     rows inside the image and to the plane itself."""
     H, W, P, Q = geo.height, geo.width, geo.out_h, geo.out_w
-    S = geo.filter_w
-    RS = geo.filter_h * S
     PQ = P * Q
     C = geo.channels
     for i in range(mr):
-        row = row0 + i
-        c = row // RS
-        r = (row - c * RS) // S
-        s = row - c * RS - r * S
-        row_off = r * geo.dil_h - geo.pad_top
-        off = s * geo.dil_w - geo.pad_left
+        c, row_off, off = _tap_of_row(row0 + i, geo)
         q_in_lo, q_in_hi = positions_inside(off, 1, W, Q)
         if q_in_lo > 0 or q_in_hi < Q:
             first_row = -q_first  # tile column of the current output row's q = 0
@@ -204,9 +209,7 @@ def add_tile_to_image(tile, NR, geo, channel0, row0, mr, col0, nr, dx):
     when they were made per run of pixels), then its runs of pixels in one output row are added,
     each a strided (stride 1: vectorised) add into one input row."""
     H, W, P, Q = geo.height, geo.width, geo.out_h, geo.out_w
-    S = geo.filter_w
     sh, sw = geo.stride_h, geo.stride_w
-    RS = geo.filter_h * S
     PQ = P * Q
     C = geo.channels
     n_first = col0 // PQ
@@ -216,12 +219,7 @@ def add_tile_to_image(tile, NR, geo, channel0, row0, mr, col0, nr, dx):
         _add_tile_rows_whole(tile, NR, geo, channel0, row0, mr, col0, nr, n_first, q_first, dx)
         return
     for i in range(mr):
-        row = row0 + i
-        c = row // RS
-        r = (row - c * RS) // S
-        s = row - c * RS - r * S
-        row_off = r * geo.dil_h - geo.pad_top
-        off = s * geo.dil_w - geo.pad_left
+        c, row_off, off = _tap_of_row(row0 + i, geo)
         # Output columns q whose input column q*sw + off lies inside [0, W).
         q_in_lo, q_in_hi = positions_inside(off, sw, W, Q)
         plane0 = (channel0 + c) * H
@@ -786,14 +784,10 @@ def weight_form(problem: ConvProblem) -> str:
 TapsLayout = namedtuple("TapsLayout", "MR NR L block_rows split_filters dyt_size dwt_size")
 
 
+@KNOBS.cached
 def taps_layout(problem: ConvProblem, threads: int) -> TapsLayout:
-    """The taps form's tile, pixel blocks, thread split and workspace sizes (elements)."""
-    return _taps_layout(problem, threads, KNOBS.state())
-
-
-@functools.lru_cache(maxsize=256)
-def _taps_layout(problem: ConvProblem, threads: int, knob_state) -> TapsLayout:
-    # knob_state (KNOBS.state()) is a key only: the layout reads the blocking and pixel knobs.
+    """The taps form's tile, pixel blocks, thread split and workspace sizes (elements), once
+    per problem, thread count and knob state."""
     p = problem
     b = blis_blocking(p.dtype)
     L = micro_kernel_lanes(b.MR, b.NR, p.itemsize)

@@ -461,12 +461,11 @@ def run(problem, x, w, bias, device):
     return y
 
 
-@functools.lru_cache(maxsize=256)
-def _layout(problem, threads: int, knob_state):
+@KNOBS.cached
+def _layout(problem, threads: int):
     """``(blocking, planes, tap offsets, schedule)`` of a call: what :func:`_run` computes
     before its kernels, in Python (longer than a small layer's kernel), once per problem, thread
-    count and knob state (``KNOBS.state()``, a key only: the blockings and the schedule read the
-    knobs). The offsets are read, never written, by the kernel."""
+    count and knob state. The offsets are read, never written, by the kernel."""
     blk = choose_blocking(problem)
     planes = _planes(problem, blk.QB)
     return blk, planes, _tap_offsets(problem, planes), schedule(problem, blk, threads)
@@ -477,7 +476,7 @@ def _run(problem, x, w, bias, y):
     dtype = np.dtype(problem.dtype)
     N = problem.N
     threads = get_num_threads()
-    blk, planes, tap_offsets, plan = _layout(problem, threads, KNOBS.state())
+    blk, planes, tap_offsets, plan = _layout(problem, threads)
     KB, QB = blk.KB, blk.QB
     groups = problem.groups
     Kg, Cg = problem.K_per_group, problem.C_per_group
