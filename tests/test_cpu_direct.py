@@ -3,7 +3,8 @@
 The contract test covers the public behaviour; these force each ``(KB, QB)`` candidate (of both
 instruction-set tables: an AVX-512 block run on an AVX2 machine only spills, it must still be
 right) through the cases where the blocking has edges: K not a multiple of KB, an image shorter
-than one block, the last block shifted back, wide rows that wrap inside a block.
+than one block, the last block shifted back, wide rows that wrap inside a block, long rows cut
+block by block with streaming stores on and off cache lines.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ EDGE_CASES = {
     # groups with K/groups not a multiple of any KB
     "groups": (2, 6, 11, 13, 15, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 3, True),
     "depthwise": (2, 5, 12, 19, 5, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 5, False),
+    # rows of ~10 blocks, cut row by row; 4000-byte rows start off cache lines (a peeled block)
+    "long-rows": (2, 3, 4, 1000, 5, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True),
+    # rows on cache lines, a stride in the rows only
+    "aligned-rows": (1, 2, 3, 1024, 3, 3, 3, (1, 2), (1, 1, 1, 1), (1, 1), 1, False),
 }
 
 
@@ -50,8 +55,9 @@ def test_every_block_matches_reference(rng, dtype, block, case):
     problem = problem_for(case, dtype)
     x, w, b = random_arrays(rng, problem)
     copies = (x.copy(), w.copy(), None if b is None else b.copy())
-    # The one candidate block, and every thread taking work items.
-    with KNOBS.override(direct_blockings=(block,), direct_serial_below_flops=0):
+    # The one candidate block, every thread taking work items, streaming stores wherever a row
+    # allows them.
+    with KNOBS.override(direct_blockings=(block,), direct_serial_below_flops=0, direct_stream_min_bytes=0):
         assert direct.choose_blocking(problem) == block
         y = direct.run(problem, x, w, b, None)
     assert y.shape == problem.y_shape and y.dtype == np.dtype(dtype)
@@ -61,26 +67,69 @@ def test_every_block_matches_reference(rng, dtype, block, case):
         assert np.array_equal(b, copies[2])
 
 
-@pytest.mark.parametrize("chunk_blocks, k_ranges", [(1, 1), (3, 2), (1000, 5), (2, 1000)])
-def test_any_schedule(monkeypatch, rng, chunk_blocks, k_ranges):
-    problem = problem_for("groups", "float32")
-    monkeypatch.setattr(direct, "schedule", lambda p, b, threads=None: direct.Schedule(chunk_blocks, k_ranges))
+@pytest.mark.parametrize("case", ["groups", "phases", "no-copy-K7"])
+@pytest.mark.parametrize("images, bands, k_ranges, rowwise, stream", [
+    (1, 1, 1, False, False), (3, 2, 2, False, False), (1000, 1, 5, False, False), (1, 1000, 1000, False, False),
+    (1, 3, 1, True, False), (2, 5, 2, True, True), (1, 1000, 1, True, True),
+])
+def test_any_schedule(monkeypatch, rng, case, images, bands, k_ranges, rowwise, stream):
+    """Every way of cutting the work gives the reference's answer: several images or bands of rows
+    per item (bands of one row and bands past the rows: empty), K split into ranges, blocks row by
+    row (shifted back at each row's end) or along wide rows, streaming stores or plain ones."""
+    problem = problem_for(case, "float32")
+    if rowwise and problem.Q < max(b.QB for b in tables.direct_blockings("float32")):
+        block = min(tables.direct_blockings("float32"), key=lambda b: b.QB)
+        if problem.Q < block.QB:
+            pytest.skip("rows narrower than every block")
+        monkeypatch.setattr(direct, "choose_blocking", lambda p: block)
+    plan = direct.Schedule(images, bands, k_ranges, rowwise, stream)
+    monkeypatch.setattr(direct, "schedule", lambda p, b, threads=None: plan)
     x, w, b = random_arrays(rng, problem)
     with KNOBS.override(direct_serial_below_flops=0):
         y = direct.run(problem, x, w, b, None)
     assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float32"]
 
 
-def test_workspace_is_what_is_allocated():
+def test_workspace_is_what_is_allocated(monkeypatch):
+    import numba
+
+    threads = numba.get_num_threads()
     no_copy = ConvProblem(2, 4, 64, 64, 4, 3, 3)
     assert direct.workspace_bytes(no_copy) == 0
-    padded = ConvProblem(2, 4, 64, 64, 4, 3, 3, padding=(1, 1, 1, 1))
-    block = direct.choose_blocking(padded)
-    assert direct.workspace_bytes(padded) == (2 * 4 * 66 * 66 + block.QB) * 4
-    # stride 2 with a 1x1 filter touches one phase of four: a quarter of x, no padding
-    strided = ConvProblem(1, 8, 32, 32, 8, 1, 1, stride=(2, 2))
-    block = direct.choose_blocking(strided)
-    assert direct.workspace_bytes(strided) == (8 * 16 * 16 + block.QB) * 4
+    line = 16  # float32 elements per 64-byte line: the buffer's tail is a block and a line
+    with KNOBS.override(direct_serial_below_flops=0):
+        # Both images fit the L2 budget: one item's buffer holds them whole, per thread.
+        padded = ConvProblem(2, 4, 64, 64, 4, 3, 3, padding=(1, 1, 1, 1))
+        block = direct.choose_blocking(padded)
+        plan = direct.schedule(padded, block, threads)
+        assert direct.workspace_bytes(padded) == threads * (plan.images * 4 * (plan.band_rows(padded) + 2) * 66
+                                                            + block.QB + line) * 4
+        # stride 2 with a 1x1 filter touches one phase of four: a quarter of x, no padding
+        strided = ConvProblem(1, 8, 32, 32, 8, 1, 1, stride=(2, 2))
+        block = direct.choose_blocking(strided)
+        plan = direct.schedule(strided, block, threads)
+        assert direct.workspace_bytes(strided) == threads * (8 * plan.band_rows(strided) * 16 + block.QB + line) * 4
+        # A large image is cut into bands: the workspace is about the L2 budget per thread,
+        # whatever N, H and W are (no padded copy of the tensor).
+        for n, size in ((1, 2048), (16, 4096)):
+            big = ConvProblem(n, 4, size, size, 4, 3, 3, padding=(1, 1, 1, 1))
+            assert direct.workspace_bytes(big) <= threads * 2 * KNOBS.direct_l2_input_budget
+
+    # What is allocated is what is reported: the buffers run() asks numpy for.
+    sizes = []
+    real_zeros = np.zeros
+
+    def spy(shape, dtype=float, *args, **kwargs):
+        array = real_zeros(shape, dtype, *args, **kwargs)
+        sizes.append(array.nbytes)
+        return array
+
+    problem = ConvProblem(1, 3, 300, 200, 2, 3, 3, padding=(1, 1, 1, 1))
+    monkeypatch.setattr(direct.np, "zeros", spy)
+    with KNOBS.override(direct_serial_below_flops=0, direct_l2_input_budget=64 * 1024):
+        expected = direct.workspace_bytes(problem)
+        direct.run(problem, *random_arrays(np.random.default_rng(0), problem)[:2], None, None)
+    assert expected in sizes and expected < problem.N * problem.C * 302 * 202 * 4
 
 
 def test_blocking_choice():

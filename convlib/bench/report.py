@@ -5,7 +5,8 @@ timings of :func:`convlib.bench.runner.run_problem` it adds the case (suite, lab
 problem's fields) and what the timings mean: GFLOP/s (``problem.flops / median``), the time ratio
 to PyTorch (and to OpenCV, where it ran) on the same shape, the fraction of the machine's FMA peak and of the memory floor
 (``problem.bytes_moved / bandwidth``, divided by the median: 1.0 means the kernel moves data as fast
-as a plain copy could).
+as a plain copy could), and ``x_floor``: the median over the larger of the memory floor and the compute
+floor (``problem.flops / peak``), the time no kernel on this machine can beat (1.0 at best).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ CSV_FIELDS = (
     "P", "Q", "flops", "bytes_moved",
     "median_s", "min_s", "q25_s", "q75_s", "iqr_s", "repeats", "first_s", "compile_s",
     "gflops", "ratio_vs_torch", "ratio_vs_opencv", "frac_fma_peak", "memory_floor_s", "frac_memory_floor",
+    "compute_floor_s", "x_floor",
     "rel_error", "reference", "note",
 )
 
@@ -43,6 +45,9 @@ def case_records(suite: str, case, records: list[dict], ceilings: dict | None) -
     peak = (ceilings or {}).get("fma_peak_gflops")
     bandwidth = (ceilings or {}).get("memory_bandwidth_gbs")
     floor_s = p.bytes_moved / (bandwidth * 1e9) if bandwidth else math.nan
+    compute_floor_s = p.flops / (peak * 1e9) if peak else math.nan
+    # The machine's floor for this shape: it can neither move the bytes faster nor do the FMAs.
+    machine_floor_s = max(f for f in (floor_s, compute_floor_s, 0.0) if f == f)
     out = []
     for rec in records:
         full = {
@@ -52,7 +57,7 @@ def case_records(suite: str, case, records: list[dict], ceilings: dict | None) -
             "stride": "x".join(map(str, p.stride)), "padding": ",".join(map(str, p.padding)),
             "dilation": "x".join(map(str, p.dilation)), "groups": p.groups, "dtype": p.dtype,
             "has_bias": p.has_bias, "P": p.P, "Q": p.Q, "flops": p.flops, "bytes_moved": p.bytes_moved,
-            "memory_floor_s": floor_s,
+            "memory_floor_s": floor_s, "compute_floor_s": compute_floor_s,
         }
         full.update(rec)
         median = rec.get("median_s", math.nan)
@@ -62,6 +67,7 @@ def case_records(suite: str, case, records: list[dict], ceilings: dict | None) -
             full[f"ratio_vs_{name}"] = median / base_s if timed and base_s == base_s else math.nan
         full["frac_fma_peak"] = full["gflops"] / peak if timed and peak else math.nan
         full["frac_memory_floor"] = floor_s / median if timed else math.nan
+        full["x_floor"] = median / machine_floor_s if timed and machine_floor_s > 0 else math.nan
         out.append(full)
     return out
 
@@ -212,10 +218,12 @@ def case_table(records: list[dict], *, show_device: bool) -> str:
             + f" {first['dtype']}]  {first['flops'] / 1e9:.3g} GFLOP"
             + (f", memory floor {_num(first['memory_floor_s'], '.3g', 1e3)} ms"
                if _finite([first.get("memory_floor_s")]) else "")
+            + (f", compute floor {_num(first['compute_floor_s'], '.3g', 1e3)} ms"
+               if _finite([first.get("compute_floor_s")]) else "")
             + (f", x{first['weight']} in the network" if first["weight"] != 1 else ""))
     opencv = any(_finite([r.get("ratio_vs_opencv")]) for r in records)
     columns = ("candidate", "status", "median ms", "min ms", "IQR ms", "GFLOP/s", "x torch") + (
-        ("x opencv",) if opencv else ()) + ("%peak", "%floor", "compile s", "rel.err", "note")
+        ("x opencv",) if opencv else ()) + ("%peak", "%floor", "x floor", "compile s", "rel.err", "note")
     rows = []
     for r in records:
         name = f"{r['name']}@{r['device']}" if show_device else r["name"]
@@ -228,7 +236,7 @@ def case_table(records: list[dict], *, show_device: bool) -> str:
             _num(r.get("iqr_s"), ".3g", 1e3), _num(r.get("gflops"), ".1f"), _num(r.get("ratio_vs_torch"), ".3f"),
         ) + ((_num(r.get("ratio_vs_opencv"), ".3f"),) if opencv else ()) + (
             _num(r.get("frac_fma_peak"), ".0%"), _num(r.get("frac_memory_floor"), ".0%"),
-            _num(r.get("compile_s"), ".2f"), _num(r.get("rel_error"), ".1e"), note[:90],
+            _num(r.get("x_floor"), ".2f"), _num(r.get("compile_s"), ".2f"), _num(r.get("rel_error"), ".1e"), note[:90],
         ))
     return head + "\n" + _grid(columns, rows)
 

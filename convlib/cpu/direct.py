@@ -2,44 +2,58 @@
 
 How the loops are organised
 ---------------------------
-The input is read through *source planes* ``xs`` of ``Hs x Ws`` elements in which every filter
-tap is a plain shift. With stride 1 and no padding the planes are ``x`` itself (no copy).
-Otherwise :func:`gather_source_planes` builds them once per call, in parallel: a zero-padded
-copy of ``x``, split into stride phases (plane ``(c, a, b)`` holds padded rows ``a, a + sh, ...``
-and columns ``b, b + sw, ...``), keeping only the phases and rows the filter touches. In those
-planes output ``(p, q)`` and tap ``(c, r, s)`` read element ``(p + r*dh // sh, q + s*dw // sw)``
-of plane ``(c, r*dh % sh, s*dw % sw)``: every stride, dilation and padding becomes stride 1.
+The input is read through *source planes* of ``Ws`` columns in which every filter tap is a
+plain shift. With stride 1 and no padding the planes are ``x`` itself (read in place).
+Otherwise, and when ``x`` is larger than the last-level cache (knob
+``direct_in_place_max_bytes``: a tight copy loop streams from memory faster than the taps' loads
+do, 10.3 against 12.5 ms on N=8, C=K=4, 1024^2 on Zen 5), each work item gathers the rows it
+needs into a buffer of its thread (sized to L2, see below): zero padding added, split into stride phases (plane ``(c, a, b)`` holds padded rows
+``a, a + sh, ...`` and columns ``b, b + sw, ...``), keeping only the phases the filter touches.
+In those planes output ``(p, q)`` and tap ``(c, r, s)`` read element
+``(p + r*dh // sh, q + s*dw // sw)`` of plane ``(c, r*dh % sh, s*dw % sw)``: every stride,
+dilation and padding becomes stride 1. No padded copy of the whole tensor is ever made: the
+gathered rows are read once from memory and then reused from L2 by every tap and output channel.
 
-Output positions are then numbered along *wide rows* of pitch ``Ws``: position ``j = p*Ws + q``
+Output positions are numbered along *wide rows* of pitch ``Ws``: position ``j = p*Ws + q``
 (columns ``q >= Q`` are computed and thrown away). Tap ``t = (c, r, s)`` reads
-``xs[image + offset[t] + j]`` for every ``j``: one contiguous run per tap however the output rows
+``xs[base + offset[t] + j]`` for every ``j``: one contiguous run per tap however the output rows
 wrap, so a block of ``QB`` consecutive positions is ``QB / lanes`` vector loads per tap even when
 ``Q`` is 7 or 56. ``(c, r, s)`` is flattened into one loop over the precomputed ``offset`` table.
+Images at least a few blocks wide are instead cut *row by row* (blocks never wrap; the last block
+of a row is shifted back to end at the row's end), which keeps every block's stores inside one
+row and, when the row allows, on whole cache lines.
 
-The register block is ``KB`` output channels x ``QB`` wide positions, held in a stack
-accumulator (:func:`convlib.cpu.stack_buffer.stack_array_2d`) that LLVM keeps in vector registers
-(checked in the assembly: one ``vfmadd231ps`` per accumulator per tap, no stack traffic in the
-tap loop). Per tap it costs ``QB / lanes`` vector loads of ``x``, ``KB`` weight broadcasts and
+The register block is ``KB`` output channels x ``QB`` positions, held in a stack accumulator
+(:func:`convlib.cpu.stack_buffer.stack_array_2d`) that LLVM keeps in vector registers (checked
+in the assembly: one ``vfmadd231ps`` per accumulator per tap, no stack traffic in the tap loop).
+Per tap it costs ``QB / lanes`` vector loads of ``x``, ``KB`` weight broadcasts and
 ``KB * QB / lanes`` FMAs; the weights are packed as ``(group, K-block, tap, KB)`` so one tap's
 ``KB`` weights are adjacent. Only the tap loop is a loop: unrolling taps or rows in the body
 would pass the ~250 memory accesses beyond which LLVM stops keeping the block in registers.
 A block that lies inside one output row is stored straight from the registers (with the bias);
 one that wraps rows is copied to a second stack tile and scattered row piece by row piece. The
-last block of an image is shifted back to end at the image's last position (it recomputes a
-few outputs) so that no read leaves the image; images shorter than one block always go through
-the gathered planes, which carry a zero tail.
+last block of a band is shifted back to end at the band's last position (it recomputes a few
+outputs) so that no read leaves the band; bands shorter than one block are always gathered,
+into a buffer with a zero tail.
 
-Parallel loop order: a work item is ``(group, range of K-blocks, chunk of position blocks)``;
-a chunk runs through consecutive blocks of one group, image after image, and every K-block of
-the range sweeps the whole chunk before the next K-block starts, so the chunk's input is reused
-from L2 (and, with few K-blocks, from L1) while one K-block's weights stay in L1.
-:func:`schedule` sizes chunks to an L2 budget and splits K into ranges only when there would
-otherwise be too few items for the threads (N=1, K=4 still gives both threads work). Items are
-taken from an atomic counter, one at a time, by one worker per thread (``prange`` over the
-workers): numba's OpenMP layer splits a ``prange`` statically, and on a shared machine a
-preempted thread would otherwise hold the other one up at the end of the region. Problems under
-the ``direct_serial_below_flops`` knob run on one thread: waking the others would cost more than
-it saves.
+Outputs larger than the last-level cache (knob ``direct_stream_min_bytes``) are written with
+non-temporal stores wherever a block's row starts on a cache line (the first block of a row is
+placed so the rest do): a plain store first reads the line it writes (a third more memory
+traffic), and the output could not stay in cache for its reader anyway. On the seed shape
+(N=8, C=K=4, 1024^2, 3x3, padding 1) the whole-tensor padded copy and plain stores took 21 ms;
+per-item gathering and streaming stores 9 ms (Zen 5, 2 threads).
+
+Work items and threads: an item is ``(group, range of K-blocks, images, band of output rows)``.
+Small images go several to an item, whole; large ones are cut into bands of rows; either way the
+item's input (gathered or read in place) fits the ``direct_l2_input_budget`` knob, and every
+K-block of the range sweeps the whole item before the next K-block starts, so the input is reused
+from L2 while one K-block's weights stay in L1. :func:`schedule` splits K into ranges only when
+there would otherwise be too few items for the threads (N=1, K=4 still gives both threads
+work), then cuts more bands. Items are taken from an atomic counter, one at a time, by one worker
+per thread (``prange`` over the workers): numba's OpenMP layer splits a ``prange`` statically,
+and on a shared machine a preempted thread would otherwise hold the other one up at the end of
+the region. Problems under the ``direct_serial_below_flops`` knob run on one thread: waking the
+others would cost more than it saves.
 
 Block sizes are data (the ``direct_blockings`` knob of :mod:`convlib.cpu.tables`, one row per
 loop-vectoriser width and dtype); :func:`choose_blocking` weighs each candidate's padded work (K
@@ -50,9 +64,9 @@ What a new shape costs
 Kernels are specialised on ``(dtype, KB, QB)`` only, compiled once per machine
 (``cache=True``, a few seconds each; one table of three or four blocks per dtype applies here);
 N, C, H, W, K, R, S, stride, dilation, padding and groups are runtime values. A new shape costs
-no compilation, only the offset table, the weight packing and (with padding or stride) the
-gather. On AVX-512 hosts the first call of a process also compiles a tiny uncached probe loop
-(~0.1 s) to learn which vector width LLVM uses (:func:`convlib.cpu.isa.loop_vector_bytes`).
+no compilation, only the offset table, the weight packing and the schedule. On AVX-512 hosts the
+first call of a process also compiles a tiny uncached probe loop (~0.1 s) to learn which vector
+width LLVM uses (:func:`convlib.cpu.isa.loop_vector_bytes`).
 """
 
 from __future__ import annotations
@@ -66,6 +80,7 @@ from numba import get_num_threads, njit, prange, set_num_threads
 from ..core import output_cache
 from .stack_buffer import stack_array_2d
 from .tables import KNOBS, DirectBlocking, direct_blockings
+from .intrinsics import store_fence, vector_stream_plus
 from .work_queue import fetch_and_increment
 
 
@@ -78,16 +93,13 @@ class _Planes:
 
     phases_h: tuple  # padded-row phases a (r*dh % sh) the filter touches, sorted
     phases_w: tuple  # padded-column phases b
-    Hs: int  # rows per plane
+    halo: int  # plane rows a band reads below its last output row: (R-1)*dh // sh
     Ws: int  # columns per plane: the pitch of a wide output row
-    copy: bool  # False: the planes are x itself
+    copy: bool  # False: the planes are x itself, read in place
 
     @property
     def planes_per_channel(self) -> int:
         return len(self.phases_h) * len(self.phases_w)
-
-    def elements(self, problem) -> int:
-        return problem.N * problem.C * self.planes_per_channel * self.Hs * self.Ws
 
 
 def _planes(problem, QB: int) -> _Planes:
@@ -96,21 +108,24 @@ def _planes(problem, QB: int) -> _Planes:
     P, Q = problem.P, problem.Q
     phases_h = tuple(sorted({(r * dh) % sh for r in range(problem.R)}))
     phases_w = tuple(sorted({(s * dw) % sw for s in range(problem.S)}))
-    Hs = P + ((problem.R - 1) * dh) // sh
+    halo = ((problem.R - 1) * dh) // sh
     Ws = Q + ((problem.S - 1) * dw) // sw
     wide_length = (P - 1) * Ws + Q
-    copy = problem.stride != (1, 1) or any(problem.padding) or wide_length < QB
+    x_bytes = problem.N * problem.C * problem.H * problem.W * problem.itemsize
+    copy = (problem.stride != (1, 1) or any(problem.padding) or wide_length < QB
+            or x_bytes > KNOBS.direct_in_place_max_bytes)
     if not copy:
-        Hs, Ws = problem.H, problem.W  # equal already; stated for the reader
-    return _Planes(phases_h, phases_w, Hs, Ws, copy)
+        Ws = problem.W  # equal already; stated for the reader
+    return _Planes(phases_h, phases_w, halo, Ws, copy)
 
 
-def _tap_offsets(problem, planes: _Planes) -> np.ndarray:
-    """Offset of tap ``(c, r, s)`` (c within the group) from its image-and-group base."""
+def _tap_offsets(problem, planes: _Planes, plane_rows: int) -> np.ndarray:
+    """Offset of tap ``(c, r, s)`` (c within the group) from its image-and-group base, in planes
+    of ``plane_rows`` rows of ``planes.Ws``."""
     sh, sw = problem.stride
     dh, dw = problem.dilation
     npw = len(planes.phases_w)
-    plane_size = planes.Hs * planes.Ws
+    plane_size = plane_rows * planes.Ws
     c = np.arange(problem.C_per_group)[:, None, None]
     r = np.arange(problem.R)[None, :, None]
     s = np.arange(problem.S)[None, None, :]
@@ -119,6 +134,17 @@ def _tap_offsets(problem, planes: _Planes) -> np.ndarray:
     plane = (c * len(planes.phases_h) + ia) * npw + ib
     offsets = plane * plane_size + ((r * dh) // sh) * planes.Ws + (s * dw) // sw
     return np.ascontiguousarray(offsets.reshape(-1), dtype=np.int64)
+
+
+def _rowwise(problem, planes: _Planes, QB: int) -> bool:
+    """Whether blocks run row by row (never wrapping) rather than along wide rows: for rows of
+    at least one block whose last, shifted-back block recomputes little (at most a tenth more
+    work than the wide rows' thrown-away columns)."""
+    Q = problem.Q
+    if Q < QB:
+        return False
+    per_row = -(-Q // QB) * QB
+    return per_row * problem.P <= 1.1 * ((problem.P - 1) * planes.Ws + Q)
 
 
 def choose_blocking(problem) -> DirectBlocking:
@@ -145,113 +171,152 @@ class Schedule:
 
     Attributes
     ----------
-    chunk_blocks : int
-        Consecutive position blocks of a group, counted across the images of the batch (image
-        after image), that a work item covers. Every K-block of the item's range sweeps the
-        whole chunk before the next K-block starts.
+    images : int
+        Whole images per work item (1 when images are cut into bands).
+    bands : int
+        Bands of output rows per image (1 when images go whole); band ``b`` holds rows
+        ``b*P // bands`` to ``(b+1)*P // bands``.
     k_ranges : int
         Into how many ranges the K-blocks of a group are split across work items.
+    rowwise : bool
+        Blocks run row by row, never wrapping (see :func:`_rowwise`).
+    stream : bool
+        Blocks whose rows start on a cache line are written with non-temporal stores.
     """
 
-    chunk_blocks: int
+    images: int
+    bands: int
     k_ranges: int
+    rowwise: bool = False
+    stream: bool = False
+
+    def band_rows(self, problem) -> int:
+        """Rows of the tallest band."""
+        return -(-problem.P // self.bands)
 
 
 def schedule(problem, block: DirectBlocking, threads: int | None = None) -> Schedule:
     """Cut the output into work items whose input fits in L2 and that keep every thread busy.
 
-    A work item reuses its chunk of input once per K-block, so the chunk should stay in L2: it
-    reads about ``C/groups * planes per channel`` input elements per position (plus a halo of
-    ``R - 1`` wide rows), and chunks are sized to keep that under the ``direct_l2_input_budget``
-    knob. One
-    K-block's weights stay in L1 while it sweeps the chunk and are read once per chunk. When
-    that leaves fewer than ~8 items per thread (items are handed out dynamically, but with few
-    of them the last one still leaves the other threads idle), the K-blocks are split into
-    ranges first (each range re-reads the chunk), and only then are chunks shrunk (each chunk
-    re-reads the weights).
+    A work item reuses its input once per K-block, so the input should stay in L2: an item reads
+    ``C/groups * planes per channel`` plane rows of ``Ws`` elements per output row, plus a halo of
+    ``(R-1)*dh // sh`` rows, and items are sized to keep that under the
+    ``direct_l2_input_budget`` knob: several whole images, or a band of one image's rows. One
+    K-block's weights stay in L1 while it sweeps the item and are read once per item. When that
+    leaves fewer than ~8 items per thread (items are handed out dynamically, but with few of them
+    the last one still leaves the other threads idle), the K-blocks are split into ranges first
+    (each range re-reads the input), then fewer images go to an item, then images are cut into
+    more bands (each band re-reads its halo).
     """
     threads = threads or get_num_threads()
     wanted_items = 8 * threads
     planes = _planes(problem, block.QB)
-    wide_length = (problem.P - 1) * planes.Ws + problem.Q
-    blocks = problem.N * -(-wide_length // block.QB)
-    per_position = problem.C_per_group * planes.planes_per_channel * problem.itemsize
-    halo = ((problem.R - 1) * problem.dilation[0] // problem.stride[0] + 1) * planes.Ws
+    N, P = problem.N, problem.P
+    rowwise = _rowwise(problem, planes, block.QB)
+    # The fewest rows a band may have: in place, a wide band must hold a whole block (the last
+    # block is shifted back inside the band, never before it).
+    min_rows = 1 if rowwise or planes.copy else max(1, -(-(block.QB - problem.Q) // planes.Ws) + 1)
+    max_bands = max(1, P // min_rows)
+    row_bytes = problem.C_per_group * planes.planes_per_channel * planes.Ws * problem.itemsize
     budget = KNOBS.direct_l2_input_budget
-    chunk_blocks = min(blocks, max(1, (budget // per_position - halo) // block.QB))
-    chunks = problem.groups * -(-blocks // chunk_blocks)
+    if (P + planes.halo) * row_bytes <= budget:
+        images, bands = max(1, min(N, budget // ((P + planes.halo) * row_bytes))), 1
+    else:
+        images = 1
+        bands = min(max_bands, -(-P // max(min_rows, budget // row_bytes - planes.halo)))
     nkb = -(-problem.K_per_group // block.KB)
-    k_ranges = min(nkb, -(-wanted_items // chunks))
-    if chunks * k_ranges < wanted_items:
-        chunk_blocks = max(1, min(chunk_blocks, problem.groups * blocks * k_ranges // wanted_items))
-    return Schedule(chunk_blocks, k_ranges)
+
+    def items(images, bands):
+        return problem.groups * -(-N // images) * bands
+
+    k_ranges = min(nkb, -(-wanted_items // items(images, bands)))
+    if items(images, bands) * k_ranges < wanted_items:
+        images = max(1, min(images, problem.groups * N * bands * k_ranges // wanted_items))
+    if items(images, bands) * k_ranges < wanted_items and images == 1:
+        bands = max(bands, min(max_bands, -(-wanted_items // (problem.groups * max(N, 1) * k_ranges))))
+    y_bytes = problem.N * problem.K * P * problem.Q * problem.itemsize
+    stream = rowwise and y_bytes >= KNOBS.direct_stream_min_bytes and block.QB % _line(problem) == 0
+    return Schedule(images, bands, k_ranges, rowwise, stream)
+
+
+def _line(problem) -> int:
+    """Elements per 64-byte cache line: the width of a streaming store."""
+    return 64 // problem.itemsize
+
+
+def _buffer_elements(problem, planes: _Planes, plan: Schedule, QB: int) -> int:
+    """Elements of one thread's gather buffer: the item's planes and a zero tail of a block."""
+    rows = plan.band_rows(problem) + planes.halo
+    return plan.images * problem.C_per_group * planes.planes_per_channel * rows * planes.Ws + QB + _line(problem)
 
 
 def workspace_bytes(problem, device=None) -> int:
-    """Bytes this module allocates beyond x, w, bias and y: the gathered source planes, if any.
+    """Bytes this module allocates beyond x, w, bias and y: one gather buffer per thread (an
+    item's input, about ``direct_l2_input_budget``), none when ``x`` is read in place.
 
     The packed weights (``K`` rounded up to the block, times ``C/groups * R * S``) are not
     counted; they are the size of ``w``.
     """
-    b = choose_blocking(problem)
-    planes = _planes(problem, b.QB)
+    threads = get_num_threads() if problem.flops >= KNOBS.direct_serial_below_flops else 1
+    blk, planes, _, plan = _layout(problem, threads)
     if not planes.copy:
         return 0
-    return (planes.elements(problem) + b.QB) * problem.itemsize
+    return threads * _buffer_elements(problem, planes, plan, blk.QB) * problem.itemsize
 
 
 # ------------------------------------------------------------------------------------------
 # Kernels
 # ------------------------------------------------------------------------------------------
-@njit(parallel=True, cache=True)
-def gather_source_planes(x, phases_h, phases_w, stride_h, stride_w, top, left, xs):
-    """Zero-padded, stride-phase-split copy of ``x`` (see the module docstring).
+@njit(inline="always")
+def gather_rows(x, n, c_first, Cg, p_lo, rows_in, phases_h, phases_w, stride_h, stride_w, top, left,
+                Hb, Ws, buf, dst0):
+    """Plane rows ``p_lo .. p_lo + rows_in`` of channels ``c_first .. c_first + Cg`` of image
+    ``n``, zero-padded and split into stride phases (see the module docstring), into ``buf`` from
+    ``dst0`` on, laid out ``(c, phase a, phase b, Hb rows, Ws)``.
 
     Parameters
     ----------
-    x : (N, C, H, W) array                              # IN
-    phases_h, phases_w : int64 arrays                   # IN  phases a, b kept
-    stride_h, stride_w, top, left : int                 # IN
-    xs : (N, C, len(phases_h), len(phases_w), Hs, Ws)   # OUT every element written
+    x : (N, C, H, W) array                 # IN
+    phases_h, phases_w : int64 arrays      # IN  phases a, b kept
+    buf : 1-D array                        # OUT rows_in rows of every plane written
     """
     N, C, H, W = x.shape
-    nph, npw, Hs, Ws = xs.shape[2], xs.shape[3], xs.shape[4], xs.shape[5]
+    nph, npw = phases_h.size, phases_w.size
     x_flat = x.reshape(-1)
-    xs_flat = xs.reshape(-1)
-    for item in prange(N * C * nph * npw):
-        ib = item % npw
-        rest = item // npw
-        ia = rest % nph
-        rest //= nph
-        c = rest % C
-        n = rest // C
-        a = phases_h[ia]
-        b = phases_w[ib]
-        # Columns j with 0 <= j*sw + b - left < W, as a half-open range [j_lo, j_hi).
-        j_lo = min(Ws, max(0, -(-(left - b) // stride_w)))
-        j_hi = min(Ws, max(j_lo, -(-(W + left - b) // stride_w)))
-        for i in range(Hs):
-            dst = (item * Hs + i) * Ws
-            row = i * stride_h + a - top
-            if row < 0 or row >= H:
-                xs_flat[dst:dst + Ws] = 0
-                continue
-            xs_flat[dst:dst + j_lo] = 0
-            xs_flat[dst + j_hi:dst + Ws] = 0
-            # Unsigned flat indices from the first copied element on: no negative-index checks.
-            out = np.uint64(dst + j_lo)
-            src = np.uint64(((n * C + c) * H + row) * W + j_lo * stride_w + b - left)
-            count = np.uint64(j_hi - j_lo)
-            if stride_w == 1:
-                for j in range(count):
-                    xs_flat[out + j] = x_flat[src + j]
-            elif stride_w == 2:  # the common strided case, with a literal stride
-                for j in range(count):
-                    xs_flat[out + j] = x_flat[src + np.uint64(2) * j]
-            else:
-                step = np.uint64(stride_w)
-                for j in range(count):
-                    xs_flat[out + j] = x_flat[src + step * j]
+    for c in range(Cg):
+        for ia in range(nph):
+            a = phases_h[ia]
+            for ib in range(npw):
+                b = phases_w[ib]
+                # Columns j with 0 <= j*sw + b - left < W, as a half-open range [j_lo, j_hi).
+                j_lo = min(Ws, max(0, -(-(left - b) // stride_w)))
+                j_hi = min(Ws, max(j_lo, -(-(W + left - b) // stride_w)))
+                plane = dst0 + ((c * nph + ia) * npw + ib) * Hb * Ws
+                for i in range(rows_in):
+                    dst = plane + i * Ws
+                    row = (p_lo + i) * stride_h + a - top
+                    if row < 0 or row >= H:
+                        for j in range(Ws):
+                            buf[dst + j] = 0
+                        continue
+                    for j in range(j_lo):
+                        buf[dst + j] = 0
+                    for j in range(j_hi, Ws):
+                        buf[dst + j] = 0
+                    # Unsigned flat indices from the first copied element on: no negative-index checks.
+                    out = np.uint64(dst + j_lo)
+                    src = np.uint64(((n * C + c_first + c) * H + row) * W + j_lo * stride_w + b - left)
+                    count = np.uint64(j_hi - j_lo)
+                    if stride_w == 1:
+                        for j in range(count):
+                            buf[out + j] = x_flat[src + j]
+                    elif stride_w == 2:  # the common strided case, with a literal stride
+                        for j in range(count):
+                            buf[out + j] = x_flat[src + np.uint64(2) * j]
+                    else:
+                        step = np.uint64(stride_w)
+                        for j in range(count):
+                            buf[out + j] = x_flat[src + step * j]
 
 
 @njit(parallel=True, cache=True)
@@ -323,99 +388,150 @@ def copy_run(tile, row, start, out, dst, length):
 def direct_kernel(dtype: str, KB: int, QB: int):
     """The register-blocked kernel for one ``(dtype, KB, QB)``; compiled on first call.
 
-    The returned function computes ``y`` from the source planes (see the module docstring)::
+    The returned function computes ``y`` (see the module docstring)::
 
-        kernel(xs, image_stride, group_stride, tap_offsets, wpack, bias_packed, Ws,
-               chunk, k_ranges, workers, next_item, y)
+        kernel(x, bufs, phases_h, phases_w, stride_h, stride_w, top, left, Hb, Ws,
+               tap_offsets, wpack, bias_packed, images, bands, k_ranges, rowwise, stream,
+               y_misalign, workers, next_item, y)
 
-    xs : 1-D array (the planes, flattened)        # IN
-    image_stride, group_stride : int              # IN elements between images / groups in xs
-    tap_offsets : (C/groups*R*S,) int64           # IN
+    x : (N, C, H, W) array                        # IN
+    bufs : (workers, elements) array              # SCRATCH one gather buffer per worker, its
+                                                  # tail zero; (workers, 0): x is read in place
+    phases_h, phases_w : int64 arrays             # IN the stride phases the filter touches
+    stride_h, stride_w, top, left : int           # IN
+    Hb, Ws : int                                  # IN rows and pitch of a gathered plane
+    tap_offsets : (C/groups*R*S,) int64           # IN in the buffer's planes, or in x's
     wpack : (groups, nkb, taps, KB)               # IN from :func:`pack_weights`
     bias_packed : (groups, nkb, KB)               # IN zero where there is no bias
-    Ws : int                                      # IN pitch of a wide output row
-    chunk, k_ranges : int                         # IN the work items (:func:`schedule`)
+    images, bands, k_ranges, rowwise, stream      # IN the work items (:class:`Schedule`)
+    y_misalign : int                              # IN y's address in elements, modulo a line
     workers : int                                 # IN threads taking items
     next_item : (1,) int64                        # INOUT the work counter, zero on entry
     y : (N, K, P, Q)                              # OUT every element written
     """
     scalar = np.dtype(dtype).type
+    LINE = 64 // np.dtype(dtype).itemsize  # elements per cache line: one streaming store
 
     @njit(parallel=True, cache=True, fastmath={"contract"})
-    def direct_conv_blocked(xs, image_stride, group_stride, tap_offsets, wpack, bias_packed, Ws,
-                            chunk, k_ranges, workers, next_item, y):
-        N, K, P, Q = y.shape
+    def direct_conv_blocked(x, bufs, phases_h, phases_w, stride_h, stride_w, top, left, Hb, Ws,
+                            tap_offsets, wpack, bias_packed, images, bands, k_ranges, rowwise, stream,
+                            y_misalign, workers, next_item, y):
+        N, C, H, W = x.shape
+        K, P, Q = y.shape[1], y.shape[2], y.shape[3]
         groups, nkb, taps = wpack.shape[0], wpack.shape[1], wpack.shape[2]
         Kg = K // groups
-        wide_length = (P - 1) * Ws + Q
-        nqb = (wide_length + QB - 1) // QB
-        blocks = N * nqb  # position blocks of one group, image after image
-        nchunks = (blocks + chunk - 1) // chunk
+        Cg = C // groups
+        gather = bufs.shape[1] > 0
+        halo = Hb - (P + bands - 1) // bands
+        image_stride = Cg * phases_h.size * phases_w.size * Hb * Ws  # in a gather buffer
+        item_images = (N + images - 1) // images
         kb_per_range = (nkb + k_ranges - 1) // k_ranges
+        items = groups * k_ranges * item_images * bands
+        x_flat = x.reshape(-1)
         yflat = y.reshape(-1)
-        items = groups * k_ranges * nchunks
+        PQ = P * Q
         for worker in prange(workers):  # noqa: B007 (each worker takes items until none are left)
             acc = stack_array_2d(KB, QB, scalar)
             tile = stack_array_2d(KB, QB, scalar)
+            buf = bufs[worker]
             while True:
                 item = fetch_and_increment(next_item)
                 if item >= items:
                     break
-                qc = item % nchunks
-                rest = item // nchunks
+                band = item % bands
+                rest = item // bands
+                chunk = rest % item_images
+                rest //= item_images
                 kr = rest % k_ranges
                 g = rest // k_ranges
+                n0 = chunk * images
+                n1 = min(N, n0 + images)
+                p_lo = band * P // bands
+                rows = (band + 1) * P // bands - p_lo
+                if gather:
+                    for n in range(n0, n1):
+                        gather_rows(x, n, g * Cg, Cg, p_lo, rows + halo, phases_h, phases_w, stride_h,
+                                    stride_w, top, left, Hb, Ws, buf, (n - n0) * image_stride)
+                    src = buf
+                else:
+                    src = x_flat
+                wide_length = (rows - 1) * Ws + Q
+                nqb = (wide_length + QB - 1) // QB
                 for kb in range(kr * kb_per_range, min(nkb, (kr + 1) * kb_per_range)):
                     kvalid = min(KB, Kg - kb * KB)
-                    first = qc * chunk
-                    n = first // nqb
-                    qb = first - n * nqb
-                    # (p0, q0) = divmod(j0, Ws), advanced from block to block without a division.
-                    p0 = (qb * QB) // Ws
-                    q0 = qb * QB - p0 * Ws
-                    for _ in range(first, min(blocks, first + chunk)):
-                        if qb == nqb:  # the chunk goes on in the next image
-                            n += 1
-                            qb = p0 = q0 = 0
-                        j0 = qb * QB
-                        if wide_length >= QB and j0 > wide_length - QB:
-                            j0 = wide_length - QB  # stay inside the image; recomputes a few outputs
-                            p0 = j0 // Ws
-                            q0 = j0 - p0 * Ws
-                        base = n * image_stride + g * group_stride + j0
-
-                        for kk in range(KB):
-                            for jj in range(QB):
-                                acc[kk, jj] = 0
-                        for t in range(taps):
-                            src = base + tap_offsets[t]
-                            for jj in range(QB):
-                                xv = xs[np.uint64(src + jj)]
-                                for kk in range(KB):
-                                    acc[kk, jj] += wpack[g, kb, t, kk] * xv
-
-                        y_block = (n * K + g * Kg + kb * KB) * P * Q
-                        if q0 + QB <= Q:
-                            # The whole block lies in one output row: constant-length stores.
-                            for kk in range(KB):  # constant trip count: acc stays in registers
-                                if kk < kvalid:
-                                    bk = bias_packed[g, kb, kk]
-                                    dst = y_block + kk * P * Q + p0 * Q + q0
-                                    for jj in range(QB):
-                                        yflat[np.uint64(dst + jj)] = acc[kk, jj] + bk
+                    for n in range(n0, n1):
+                        if gather:
+                            base = (n - n0) * image_stride
                         else:
+                            base = (n * C + g * Cg) * H * W + p_lo * W
+                        y_band = (n * K + g * Kg + kb * KB) * PQ + p_lo * Q
+                        # Blocks: row by row (p0 = row, blk = block of the row, head = columns
+                        # before the first line-aligned one) or along the wide rows (blk = block).
+                        p0 = 0
+                        q0 = 0
+                        blk = 0
+                        head = 0
+                        row_blocks = nqb
+                        if rowwise:
+                            if stream:
+                                head = (LINE - (y_misalign + y_band) % LINE) % LINE
+                            row_blocks = (Q - head + QB - 1) // QB + (1 if head > 0 else 0)
+                        while True:
+                            if rowwise:
+                                if blk == row_blocks:
+                                    p0 += 1
+                                    if p0 == rows:
+                                        break
+                                    blk = 0
+                                    if stream:
+                                        head = (LINE - (y_misalign + y_band + p0 * Q) % LINE) % LINE
+                                        row_blocks = (Q - head + QB - 1) // QB + (1 if head > 0 else 0)
+                                q0 = blk * QB if head == 0 else (0 if blk == 0 else head + (blk - 1) * QB)
+                                q0 = min(q0, Q - QB)
+                                j0 = p0 * Ws + q0
+                            else:
+                                if blk == nqb:
+                                    break
+                                j0 = blk * QB
+                                if wide_length >= QB and j0 > wide_length - QB:
+                                    j0 = wide_length - QB  # stay inside the band; recomputes a few outputs
+                                p0 = j0 // Ws
+                                q0 = j0 - p0 * Ws
+
                             for kk in range(KB):
-                                bk = bias_packed[g, kb, kk]
                                 for jj in range(QB):
-                                    tile[kk, jj] = acc[kk, jj] + bk
-                            scatter_wrapped_block(
-                                tile, kvalid, j0, p0, q0, wide_length, Ws, yflat, y_block, P, Q
-                            )
-                        qb += 1
-                        q0 += QB
-                        while q0 >= Ws:
-                            q0 -= Ws
-                            p0 += 1
+                                    acc[kk, jj] = 0
+                            for t in range(taps):
+                                s0 = base + j0 + tap_offsets[t]
+                                for jj in range(QB):
+                                    xv = src[np.uint64(s0 + jj)]
+                                    for kk in range(KB):
+                                        acc[kk, jj] += wpack[g, kb, t, kk] * xv
+
+                            if q0 + QB <= Q:
+                                # The whole block lies in one output row: constant-length stores.
+                                for kk in range(KB):  # constant trip count: acc stays in registers
+                                    if kk < kvalid:
+                                        bk = bias_packed[g, kb, kk]
+                                        dst = y_band + kk * PQ + p0 * Q + q0
+                                        if stream and (y_misalign + dst) % LINE == 0:
+                                            for v in range(QB // LINE):
+                                                vector_stream_plus(yflat, np.uint64(dst + v * LINE), acc[kk],
+                                                                   v * LINE, bk, LINE)
+                                        else:
+                                            for jj in range(QB):
+                                                yflat[np.uint64(dst + jj)] = acc[kk, jj] + bk
+                            else:
+                                for kk in range(KB):
+                                    bk = bias_packed[g, kb, kk]
+                                    for jj in range(QB):
+                                        tile[kk, jj] = acc[kk, jj] + bk
+                                scatter_wrapped_block(
+                                    tile, kvalid, j0, p0, q0, wide_length, Ws, yflat, y_band, P, Q
+                                )
+                            blk += 1
+            if stream:
+                store_fence()
 
     return direct_conv_blocked
 
@@ -468,47 +584,42 @@ def _layout(problem, threads: int):
     count and knob state. The offsets are read, never written, by the kernel."""
     blk = choose_blocking(problem)
     planes = _planes(problem, blk.QB)
-    return blk, planes, _tap_offsets(problem, planes), schedule(problem, blk, threads)
+    plan = schedule(problem, blk, threads)
+    plane_rows = plan.band_rows(problem) + planes.halo if planes.copy else problem.H
+    return blk, planes, _tap_offsets(problem, planes, plane_rows), plan
 
 
 def _run(problem, x, w, bias, y):
-    """Gather, pack and run the kernel with numba's current thread count; fills ``y``."""
+    """Pack the weights and run the kernel with numba's current thread count; fills ``y``."""
     dtype = np.dtype(problem.dtype)
-    N = problem.N
     threads = get_num_threads()
     blk, planes, tap_offsets, plan = _layout(problem, threads)
-    KB, QB = blk.KB, blk.QB
+    KB = blk.KB
     groups = problem.groups
-    Kg, Cg = problem.K_per_group, problem.C_per_group
+    Kg = problem.K_per_group
     nkb = -(-Kg // KB)
-    taps = Cg * problem.R * problem.S
+    taps = problem.C_per_group * problem.R * problem.S
 
-    plane_block = planes.planes_per_channel * planes.Hs * planes.Ws
     if planes.copy:
-        # A zero tail of QB elements: a block longer than a whole image reads into it.
-        buffer = np.empty(planes.elements(problem) + QB, dtype=dtype)
-        buffer[planes.elements(problem):] = 0
-        xs6 = buffer[: planes.elements(problem)].reshape(
-            N, problem.C, len(planes.phases_h), len(planes.phases_w), planes.Hs, planes.Ws
-        )
-        gather_source_planes(
-            x, np.asarray(planes.phases_h, dtype=np.int64), np.asarray(planes.phases_w, dtype=np.int64),
-            problem.stride[0], problem.stride[1], problem.pad_top, problem.pad_left, xs6,
-        )
-        xs = buffer
+        # Zeros: the tail past the planes must be finite for the blocks that read into it.
+        bufs = np.zeros((threads, _buffer_elements(problem, planes, plan, blk.QB)), dtype=dtype)
     else:
-        xs = x.reshape(-1)
-
+        bufs = np.empty((threads, 0), dtype=dtype)
     wpack = np.empty((groups, nkb, taps, KB), dtype=dtype)
     pack_weights(w, KB, wpack)
     bias_packed = np.zeros((groups, nkb * KB), dtype=dtype)
     if bias is not None:
         bias_packed[:, :Kg] = bias.reshape(groups, Kg)
     bias_packed = bias_packed.reshape(groups, nkb, KB)
+    address = y.__array_interface__["data"][0]
+    stream = plan.stream and address % problem.itemsize == 0
+    y_misalign = (address % 64) // problem.itemsize
 
-    kernel = direct_kernel(problem.dtype, KB, QB)
+    kernel = direct_kernel(problem.dtype, KB, blk.QB)
     kernel(
-        xs, problem.C * plane_block, Cg * plane_block, tap_offsets,
-        wpack, bias_packed, planes.Ws, plan.chunk_blocks, plan.k_ranges,
+        x, bufs, np.asarray(planes.phases_h, dtype=np.int64), np.asarray(planes.phases_w, dtype=np.int64),
+        problem.stride[0], problem.stride[1], problem.pad_top, problem.pad_left,
+        plan.band_rows(problem) + planes.halo, planes.Ws, tap_offsets, wpack, bias_packed,
+        plan.images, plan.bands, plan.k_ranges, plan.rowwise, stream, y_misalign,
         threads, np.zeros(1, dtype=np.int64), y,
     )

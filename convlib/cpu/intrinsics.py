@@ -11,7 +11,8 @@ Two families:
 
 * ``lanes``-wide vectors (a literal argument) for the micro-kernels: :func:`vector_zero`,
   :func:`vector_fma`, :func:`vector_fma_lanes`, :func:`vector_sum`, :func:`vector_add_into`,
-  :func:`vector_store_plus`, :func:`vector_store_split`, :func:`vector_copy`,
+  :func:`vector_store_plus`, :func:`vector_stream_plus` (with :func:`store_fence`),
+  :func:`vector_store_split`, :func:`vector_copy`,
   :func:`transpose_block` and :func:`prefetch_for_write`;
 * 32-byte vectors for the packing routines: :func:`copy_vector`, :func:`copy_vector_stride2`,
   :func:`deinterleave_vector`, :func:`zero_vector` and :func:`vector_lanes` (elements per 32 bytes, a compile-time constant).
@@ -236,6 +237,44 @@ def vector_store_plus(typingctx, dst, dst_index, src, src_index, scalar, lanes):
         return context.get_dummy_value()
 
     return types.void(dst, dst_index, src, src_index, scalar, lanes), codegen
+
+
+@intrinsic
+def vector_stream_plus(typingctx, dst, dst_index, src, src_index, scalar, lanes):
+    """``dst[dst_index : +lanes] = src[src_index : +lanes] + scalar`` as a non-temporal store.
+
+    The line goes to memory without being read first (a plain store reads it for ownership:
+    a third more traffic for an output that no cache can hold) and without displacing the
+    caches. ``dst[dst_index]`` must lie on a ``lanes * itemsize``-byte boundary (the store
+    faults otherwise); callers check the address. Follow a kernel's streaming stores with
+    :func:`store_fence` before other threads read what they wrote.
+    """
+    L = _literal_lanes(lanes)
+    if L is None or not isinstance(scalar, (types.Float, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        d, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], L)
+        s_, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], L)
+        value = context.cast(builder, args[4], signature.args[4], signature.args[0].dtype)
+        total = builder.fadd(builder.load(s_, align=align), _splat(builder, vec, value))
+        store = builder.store(total, d, align=align * L)
+        store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_index, src, src_index, scalar, lanes), codegen
+
+
+@intrinsic
+def store_fence(typingctx):
+    """A full memory fence (``mfence`` on x86): orders this thread's streaming stores before
+    whatever it does next, such as leaving a parallel region whose results others read."""
+
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return types.void(), codegen
 
 
 @intrinsic

@@ -210,6 +210,8 @@ def machine_derived_knobs(caches: dict | None = None) -> dict:
             for (isa, dtype), row in _BLIS_BLOCKING.items()
         },
         "direct_l2_input_budget": _DIRECT_L2_INPUT_BUDGET * caches["L2"] // budgets["L2"],
+        "direct_stream_min_bytes": caches["L3"],
+        "direct_in_place_max_bytes": caches["L3"] // 2,
         "depthwise_band_bytes": _DEPTHWISE_BAND_BYTES * caches["L2"] // budgets["L2"],
         "depthwise_plane_mask_bytes": _DEPTHWISE_PLANE_MASK_BYTES * caches["L2"] // budgets["L2"],
         "depthwise_channel_block_bytes": _DEPTHWISE_CHANNEL_BLOCK_BYTES * caches["L2"] // budgets["L2"],
@@ -262,8 +264,15 @@ KNOBS = KnobTable("cpu", [
     # -- direct ----------------------------------------------------------------------------
     Knob("direct_blockings", _DIRECT_BLOCKINGS, "candidate register blocks of direct "
          "(DirectBlocking rows), per loop-vectoriser width and dtype", keyed_by=("isa", "dtype")),
-    Knob("direct_l2_input_budget", _DIRECT_L2_INPUT_BUDGET, "input bytes one direct work item's chunk of positions may "
+    Knob("direct_l2_input_budget", _DIRECT_L2_INPUT_BUDGET, "input bytes one direct work item (whole images or a band of rows) may "
          "read: about half of a 1 MB L2, leaving the rest to the weights streaming past"),
+    Knob("direct_stream_min_bytes", 32 * 2**20, "direct writes outputs of at least this many bytes with "
+         "non-temporal stores (no read for ownership, caches left alone): the last-level cache, which such an "
+         "output cannot stay in for its reader anyway (seed shape on Zen 5: 9.0 ms against 10.2 with plain stores)"),
+    Knob("direct_in_place_max_bytes", 16 * 2**20, "direct reads inputs up to this many bytes in place (stride 1, "
+         "no padding); larger ones are gathered an item at a time like padded ones, whose tight copy loop streams "
+         "from memory faster than the taps' loads (N=8, C=K=4, 3x3 on Zen 5: in place faster at 256^2, 8 MB; "
+         "gathered faster at 512^2, 32 MB): half the last-level cache"),
     Knob("direct_serial_below_flops", 10_000_000, "direct problems with fewer FLOPs (~0.2 ms on one core) "
          "run on one thread: waking the others costs more than it saves"),
     # -- depthwise -------------------------------------------------------------------------
