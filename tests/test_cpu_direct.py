@@ -49,15 +49,24 @@ def problem_for(name, dtype):
     return ConvProblem(N, C, H, W, K, R, S, stride, padding, dilation, groups, dtype, bias)
 
 
+#: Where the planes come from (module docstring): as the size decides ("in place" or "whole" for
+#: these small shapes), or gathered by every work item as for inputs past the last-level cache.
+SOURCES = {"by size": {}, "per item": {"direct_whole_input_max_bytes": 0}}
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
 @pytest.mark.parametrize("case", list(EDGE_CASES))
 @pytest.mark.parametrize("dtype, block", ALL_BLOCKS, ids=lambda v: f"{v.KB}x{v.QB}" if hasattr(v, "KB") else v)
-def test_every_block_matches_reference(rng, dtype, block, case):
+def test_every_block_matches_reference(rng, dtype, block, case, source):
     problem = problem_for(case, dtype)
     x, w, b = random_arrays(rng, problem)
     copies = (x.copy(), w.copy(), None if b is None else b.copy())
     # The one candidate block, every thread taking work items, streaming stores wherever a row
     # allows them.
-    with KNOBS.override(direct_blockings=(block,), direct_serial_below_flops=0, direct_stream_min_bytes=0):
+    with KNOBS.override(direct_blockings=(block,), direct_serial_below_flops=0, direct_stream_min_bytes=0,
+                        **SOURCES[source]):
+        if source == "per item":
+            assert direct._planes(problem, block.QB).source == "per item"
         assert direct.choose_blocking(problem) == block
         y = direct.run(problem, x, w, b, None)
     assert y.shape == problem.y_shape and y.dtype == np.dtype(dtype)
@@ -67,12 +76,13 @@ def test_every_block_matches_reference(rng, dtype, block, case):
         assert np.array_equal(b, copies[2])
 
 
+@pytest.mark.parametrize("source", list(SOURCES))
 @pytest.mark.parametrize("case", ["groups", "phases", "no-copy-K7"])
 @pytest.mark.parametrize("images, bands, k_ranges, rowwise, stream", [
     (1, 1, 1, False, False), (3, 2, 2, False, False), (1000, 1, 5, False, False), (1, 1000, 1000, False, False),
     (1, 3, 1, True, False), (2, 5, 2, True, True), (1, 1000, 1, True, True),
 ])
-def test_any_schedule(monkeypatch, rng, case, images, bands, k_ranges, rowwise, stream):
+def test_any_schedule(monkeypatch, rng, case, images, bands, k_ranges, rowwise, stream, source):
     """Every way of cutting the work gives the reference's answer: several images or bands of rows
     per item (bands of one row and bands past the rows: empty), K split into ranges, blocks row by
     row (shifted back at each row's end) or along wide rows, streaming stores or plain ones."""
@@ -85,7 +95,7 @@ def test_any_schedule(monkeypatch, rng, case, images, bands, k_ranges, rowwise, 
     plan = direct.Schedule(images, bands, k_ranges, rowwise, stream)
     monkeypatch.setattr(direct, "schedule", lambda p, b, threads=None: plan)
     x, w, b = random_arrays(rng, problem)
-    with KNOBS.override(direct_serial_below_flops=0):
+    with KNOBS.override(direct_serial_below_flops=0, direct_stream_min_bytes=0, **SOURCES[source]):
         y = direct.run(problem, x, w, b, None)
     assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float32"]
 
@@ -96,40 +106,50 @@ def test_workspace_is_what_is_allocated(monkeypatch):
     threads = numba.get_num_threads()
     no_copy = ConvProblem(2, 4, 64, 64, 4, 3, 3)
     assert direct.workspace_bytes(no_copy) == 0
-    line = 16  # float32 elements per 64-byte line: the buffer's tail is a block and a line
-    with KNOBS.override(direct_serial_below_flops=0):
-        # Both images fit the L2 budget: one item's buffer holds them whole, per thread.
-        padded = ConvProblem(2, 4, 64, 64, 4, 3, 3, padding=(1, 1, 1, 1))
+    # Small inputs are gathered whole: the padded planes and a zero tail of a block.
+    padded = ConvProblem(2, 4, 64, 64, 4, 3, 3, padding=(1, 1, 1, 1))
+    block = direct.choose_blocking(padded)
+    assert direct.workspace_bytes(padded) == (2 * 4 * 66 * 66 + block.QB) * 4
+    # stride 2 with a 1x1 filter touches one phase of four: a quarter of x, no padding
+    strided = ConvProblem(1, 8, 32, 32, 8, 1, 1, stride=(2, 2))
+    block = direct.choose_blocking(strided)
+    assert direct.workspace_bytes(strided) == (8 * 16 * 16 + block.QB) * 4
+    # Large inputs (and here every input) are gathered by each work item: about the L2 budget per
+    # thread, whatever N, H and W are; a tail of a block and a 64-byte line.
+    line = 16
+    with KNOBS.override(direct_serial_below_flops=0, direct_whole_input_max_bytes=0):
         block = direct.choose_blocking(padded)
         plan = direct.schedule(padded, block, threads)
-        assert direct.workspace_bytes(padded) == threads * (plan.images * 4 * (plan.band_rows(padded) + 2) * 66
-                                                            + block.QB + line) * 4
-        # stride 2 with a 1x1 filter touches one phase of four: a quarter of x, no padding
-        strided = ConvProblem(1, 8, 32, 32, 8, 1, 1, stride=(2, 2))
-        block = direct.choose_blocking(strided)
-        plan = direct.schedule(strided, block, threads)
-        assert direct.workspace_bytes(strided) == threads * (8 * plan.band_rows(strided) * 16 + block.QB + line) * 4
-        # A large image is cut into bands: the workspace is about the L2 budget per thread,
-        # whatever N, H and W are (no padded copy of the tensor).
+        assert direct.workspace_bytes(padded) == threads * (
+            plan.images * 4 * (plan.band_rows(padded) + 2) * 66 + block.QB + line) * 4
         for n, size in ((1, 2048), (16, 4096)):
             big = ConvProblem(n, 4, size, size, 4, 3, 3, padding=(1, 1, 1, 1))
             assert direct.workspace_bytes(big) <= threads * 2 * KNOBS.direct_l2_input_budget
+    big = ConvProblem(16, 4, 4096, 4096, 4, 3, 3, padding=(1, 1, 1, 1))
+    assert direct._planes(big, direct.choose_blocking(big).QB).source == "per item"
 
     # What is allocated is what is reported: the buffers run() asks numpy for.
     sizes = []
-    real_zeros = np.zeros
+    real_zeros, real_empty = np.zeros, np.empty
 
-    def spy(shape, dtype=float, *args, **kwargs):
-        array = real_zeros(shape, dtype, *args, **kwargs)
-        sizes.append(array.nbytes)
-        return array
+    def spy(real):
+        def allocate(shape, dtype=float, *args, **kwargs):
+            array = real(shape, dtype, *args, **kwargs)
+            sizes.append(array.nbytes)
+            return array
+        return allocate
 
+    monkeypatch.setattr(direct.np, "zeros", spy(real_zeros))
+    monkeypatch.setattr(direct.np, "empty", spy(real_empty))
     problem = ConvProblem(1, 3, 300, 200, 2, 3, 3, padding=(1, 1, 1, 1))
-    monkeypatch.setattr(direct.np, "zeros", spy)
-    with KNOBS.override(direct_serial_below_flops=0, direct_l2_input_budget=64 * 1024):
-        expected = direct.workspace_bytes(problem)
-        direct.run(problem, *random_arrays(np.random.default_rng(0), problem)[:2], None, None)
-    assert expected in sizes and expected < problem.N * problem.C * 302 * 202 * 4
+    x, w, _ = random_arrays(np.random.default_rng(0), problem)
+    for knobs in ({}, {"direct_whole_input_max_bytes": 0, "direct_l2_input_budget": 64 * 1024}):
+        with KNOBS.override(direct_serial_below_flops=0, **knobs):
+            expected = direct.workspace_bytes(problem)
+            sizes.clear()
+            direct.run(problem, x, w, None, None)
+        assert expected in sizes
+    assert expected < problem.N * problem.C * 302 * 202 * 4 / 2
 
 
 def test_blocking_choice():

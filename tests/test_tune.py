@@ -110,8 +110,10 @@ def test_blis_rows_scale_to_caches_and_stay_valid(key):
 
 def test_derived_knobs_follow_the_reported_caches():
     small = machine_derived_knobs({"L1d": 32 * 1024, "L2": 512 * 1024})
-    large = machine_derived_knobs({"L1d": 48 * 1024, "L2": 2 * 2**20})
+    large = machine_derived_knobs({"L1d": 48 * 1024, "L2": 2 * 2**20, "L3": 96 * 2**20})
     assert large["direct_l2_input_budget"] == 4 * small["direct_l2_input_budget"]
+    assert large["direct_stream_min_bytes"] == 48 * 2**20 == large["direct_whole_input_max_bytes"]
+    assert small["direct_stream_min_bytes"] > 0  # no L3 reported: the fallback's
     assert large["depthwise_band_bytes"] > small["depthwise_band_bytes"]
     assert large["blis_blocking"][("avx512", "float32")].KC > small["blis_blocking"][("avx512", "float32")].KC
 

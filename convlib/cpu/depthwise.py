@@ -52,8 +52,10 @@ each tap one broadcast FMA per vector reading the buffer at the tap's shift (:fu
 output rows at least a block long are stored straight into ``y`` (a run per row; at unit row
 stride and dilation two rows at once, each loaded vector feeding both), shorter ones along the
 wide rows and then copied. A band holds ``depthwise_band_bytes`` (half an L2) of input
-rows, so few rows are gathered twice. Padding enters as zeros, so a non-finite weight meeting it
-gives NaN, as the definition's sum does.
+rows, so few rows are gathered twice. Outputs past half the last-level cache (the knob
+``direct_stream_min_bytes``) are written with non-temporal stores where a vector starts on its
+boundary: no read for ownership of each line. Padding enters as zeros, so a non-finite weight
+meeting it gives NaN, as the definition's sum does.
 
 What a new shape costs: one compilation per ``(R, S, dtype)`` (``cache=True``); sizes,
 strides, padding, dilation and the multiplier are run-time values.
@@ -68,8 +70,8 @@ from numba import get_num_threads, njit, prange
 
 from ..core import output_cache
 from ..core.problem import ConvProblem
-from .intrinsics import (deinterleave_vector, transpose_block, vector_copy, vector_fma, vector_fma_lanes,
-                         vector_lanes)
+from .intrinsics import (deinterleave_vector, store_fence, transpose_block, vector_copy, vector_fma,
+                         vector_fma_lanes, vector_lanes, vector_stream_plus)
 from .isa import loop_vector_bytes
 from .stack_buffer import stack_array_1d
 from .tables import KNOBS
@@ -240,12 +242,14 @@ def workspace_bytes(problem: ConvProblem, device=None) -> int:
 def depthwise_kernel(R: int, S: int, dtype: str):
     """The kernel for ``R x S`` filters of ``dtype`` (compile-time constants: the taps are unrolled)::
 
-        kernel(x, w, bias, stride_h, stride_w, top, left, dil_h, dil_w, rows, threads, y)
+        kernel(x, w, bias, stride_h, stride_w, top, left, dil_h, dil_w, rows, stream, y_misalign, threads, y)
 
     x : (N, C, H, W)     IN
     w : (K, 1, R, S)     IN
     bias : (K,)          IN  zeros when the call has no bias
     rows : int           IN  output rows per band (:func:`geometry`)
+    stream : bool        IN  non-temporal stores for the vectors of y that start on a vector boundary
+    y_misalign : int     IN  y's address in elements, modulo a vector
     y : (N, K, P, Q)     OUT every element written: ``y[n, k] = bias[k] + correlate(x[n, k // m], w[k, 0])``
     """
     taps = R * S
@@ -254,9 +258,11 @@ def depthwise_kernel(R: int, S: int, dtype: str):
     V = BAND_VECTORS
     V2 = V // 2  # vectors per row of a pair of rows
     half = V2 * L
+    zero = scalar(0)
 
     @njit(parallel=True, cache=True, fastmath={"contract"})
-    def depthwise_conv(x, w, bias, stride_h, stride_w, top, left, dil_h, dil_w, rows, threads, y):
+    def depthwise_conv(x, w, bias, stride_h, stride_w, top, left, dil_h, dil_w, rows, stream, y_misalign,
+                       threads, y):
         N, C, H, W = x.shape
         K = w.shape[0]
         P, Q = y.shape[2], y.shape[3]
@@ -370,9 +376,14 @@ def depthwise_kernel(R: int, S: int, dtype: str):
                             at = uintp(off[t] + Ws + begin + j0)
                             for v in range(V2):
                                 vector_fma(acc, (V2 + v) * L, wt, t, buf, at + uintp(v * L), L)
-                        for v in range(V2):
-                            vector_copy(yf, dst + uintp(j0 + v * L), acc, v * L, L)
-                            vector_copy(yf, dst + uintp(Q + j0 + v * L), acc, (V2 + v) * L, L)
+                        if stream and (y_misalign + dst + j0) % L == 0 and Q % L == 0:
+                            for v in range(V2):
+                                vector_stream_plus(yf, dst + uintp(j0 + v * L), acc, v * L, zero, L)
+                                vector_stream_plus(yf, dst + uintp(Q + j0 + v * L), acc, (V2 + v) * L, zero, L)
+                        else:
+                            for v in range(V2):
+                                vector_copy(yf, dst + uintp(j0 + v * L), acc, v * L, L)
+                                vector_copy(yf, dst + uintp(Q + j0 + v * L), acc, (V2 + v) * L, L)
                 for run in range(2 * pairs, pb if rows_direct else 1):
                     begin = run * Ws if rows_direct else 0
                     count = Q if rows_direct else length
@@ -388,7 +399,10 @@ def depthwise_kernel(R: int, S: int, dtype: str):
                             at = uintp(off[t] + begin + j0)
                             for v in range(V):
                                 vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
-                        if rows_direct:
+                        if rows_direct and stream and (y_misalign + dst + j0) % L == 0:
+                            for v in range(V):
+                                vector_stream_plus(yf, dst + uintp(j0 + v * L), acc, v * L, zero, L)
+                        elif rows_direct:
                             for v in range(V):
                                 vector_copy(yf, dst + uintp(j0 + v * L), acc, v * L, L)
                         else:
@@ -400,6 +414,8 @@ def depthwise_kernel(R: int, S: int, dtype: str):
                         src_row = uintp(p * Ws)
                         for q in range(uintp(Q)):
                             yf[dst + q] = wide[src_row + q]
+            if stream:
+                store_fence()
 
     return depthwise_conv
 
@@ -793,7 +809,12 @@ def run(problem: ConvProblem, x, w, bias, device=None):
             x, w, bias_or_zeros, source, tap_offset, output_index, wide, get_num_threads(), y)
         return y
     rows = geometry(problem)[0]
+    address = y.__array_interface__["data"][0]
+    lanes = band_block(problem.itemsize)[0]
+    # Outputs past half the last-level cache skip the read for ownership of each line (as direct's).
+    stream = (y.nbytes >= KNOBS.direct_stream_min_bytes and address % problem.itemsize == 0)
     depthwise_kernel(problem.R, problem.S, problem.dtype)(
         x, w, bias_or_zeros, problem.stride[0], problem.stride[1], problem.pad_top, problem.pad_left,
-        problem.dilation[0], problem.dilation[1], rows, get_num_threads(), y)
+        problem.dilation[0], problem.dilation[1], rows, stream, (address // problem.itemsize) % lanes,
+        get_num_threads(), y)
     return y

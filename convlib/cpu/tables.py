@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.knobs import Knob, KnobTable
-from .isa import cache_sizes, host_isa, loop_vector_bytes
+from .isa import FALLBACK_CACHES, cache_sizes, host_isa, loop_vector_bytes
 from .profile import load_profile_knobs
 
 
@@ -200,18 +200,20 @@ def machine_derived_knobs(caches: dict | None = None) -> dict:
     """The knob values this machine's caches imply (the knob table's derived layer).
 
     ``caches`` defaults to :func:`convlib.cpu.isa.cache_sizes`. Byte budgets keep their ratio to
-    the cache they are meant for; BLIS rows are rescaled by :func:`fit_blis_to_caches`.
+    the cache they are meant for; BLIS rows are rescaled by :func:`fit_blis_to_caches`; direct's
+    thresholds between cache-resident and streaming inputs and outputs follow the last-level cache.
     """
     caches = cache_sizes() if caches is None else caches
     budgets = REFERENCE_CACHES["budgets"]
+    last_level = caches.get("L3", FALLBACK_CACHES["L3"])
     return {
         "blis_blocking": {
             (isa, dtype): fit_blis_to_caches(row, 4 if dtype == "float32" else 8, caches, REFERENCE_CACHES[isa])
             for (isa, dtype), row in _BLIS_BLOCKING.items()
         },
         "direct_l2_input_budget": _DIRECT_L2_INPUT_BUDGET * caches["L2"] // budgets["L2"],
-        "direct_stream_min_bytes": caches["L3"],
-        "direct_in_place_max_bytes": caches["L3"] // 2,
+        "direct_stream_min_bytes": last_level // 2,
+        "direct_whole_input_max_bytes": last_level // 2,
         "depthwise_band_bytes": _DEPTHWISE_BAND_BYTES * caches["L2"] // budgets["L2"],
         "depthwise_plane_mask_bytes": _DEPTHWISE_PLANE_MASK_BYTES * caches["L2"] // budgets["L2"],
         "depthwise_channel_block_bytes": _DEPTHWISE_CHANNEL_BLOCK_BYTES * caches["L2"] // budgets["L2"],
@@ -266,13 +268,16 @@ KNOBS = KnobTable("cpu", [
          "(DirectBlocking rows), per loop-vectoriser width and dtype", keyed_by=("isa", "dtype")),
     Knob("direct_l2_input_budget", _DIRECT_L2_INPUT_BUDGET, "input bytes one direct work item (whole images or a band of rows) may "
          "read: about half of a 1 MB L2, leaving the rest to the weights streaming past"),
-    Knob("direct_stream_min_bytes", 32 * 2**20, "direct writes outputs of at least this many bytes with "
-         "non-temporal stores (no read for ownership, caches left alone): the last-level cache, which such an "
-         "output cannot stay in for its reader anyway (seed shape on Zen 5: 9.0 ms against 10.2 with plain stores)"),
-    Knob("direct_in_place_max_bytes", 16 * 2**20, "direct reads inputs up to this many bytes in place (stride 1, "
-         "no padding); larger ones are gathered an item at a time like padded ones, whose tight copy loop streams "
-         "from memory faster than the taps' loads (N=8, C=K=4, 3x3 on Zen 5: in place faster at 256^2, 8 MB; "
-         "gathered faster at 512^2, 32 MB): half the last-level cache"),
+    Knob("direct_stream_min_bytes", 16 * 2**20, "direct and depthwise's bands write outputs of at least this many "
+         "bytes with non-temporal stores (no read for ownership of each line, caches left alone): half the last-level "
+         "cache, which such an output and its input cannot share (Zen 5, 32 MiB L3: the seed shape 9.0 ms against 10.2 "
+         "with plain stores; single-channel 3x3 filters 0.80x the time on 2048^2, a 16 MiB output, 0.82x on 4096^2 and "
+         "8192^2, 5x5 and 7x7 0.88-0.97x)"),
+    Knob("direct_whole_input_max_bytes", 16 * 2**20, "direct reads inputs up to this many bytes whole: in place "
+         "(stride 1, no padding), or gathered once into padded planes that every work item reads from cache; larger "
+         "ones are gathered by each work item into an L2-sized buffer, whose tight copy loop streams from memory "
+         "faster than the taps' loads (N=8, C=K=4, 3x3 on Zen 5: in place faster at 256^2, 8 MB; per item faster "
+         "at 512^2, 32 MB) and which needs no copy of the tensor: half the last-level cache"),
     Knob("direct_serial_below_flops", 10_000_000, "direct problems with fewer FLOPs (~0.2 ms on one core) "
          "run on one thread: waking the others costs more than it saves"),
     # -- depthwise -------------------------------------------------------------------------
