@@ -317,3 +317,25 @@ def test_large_per_channel_problems_are_checked_by_fft_in_float64(bias, monkeypa
     reference = check.reference_for(problem, x, w, b)
     assert reference.label == "fft-float64"
     assert testing.relative_error(reference.y, expected) < 1e-12
+
+
+def test_auto_within_ten_percent_judges_the_algorithm_it_picked():
+    """The share of shapes where auto's choice is within 10% of the fastest explicit algorithm: the
+    picked algorithm's own timing decides (auto's timing of the same kernel differs by noise), and
+    auto's own where its pick was not timed."""
+    from convlib.bench.report import summarize
+
+    def rec(case, name, median, picked=None, kind="convlib"):
+        return {"case": case, "name": name, "device": "cpu", "kind": kind, "status": "ok", "median_s": median,
+                "picked": picked, "weight": 1, "ratio_vs_torch": math.nan}
+
+    records = [
+        # picked direct, which was within 10% of blis; auto's own timing was slow (noise)
+        rec("a", "auto", 2.0, "direct"), rec("a", "direct", 1.05), rec("a", "blis", 1.0),
+        # picked direct, 20% slower than blis: a miss
+        rec("b", "auto", 1.5, "direct"), rec("b", "direct", 1.2), rec("b", "blis", 1.0),
+        # picked winograd, not timed: auto's own timing against the fastest timed
+        rec("c", "auto", 1.08, "winograd"), rec("c", "direct", 1.0),
+    ]
+    (auto,) = [row for row in summarize(records) if row["name"] == "auto"]
+    assert auto["within_10pct_of_best"] == pytest.approx(2 / 3)

@@ -3,8 +3,11 @@ objects on each device, and the baselines (PyTorch, OpenCV, scipy).
 
 A convlib candidate's call is :meth:`Plan.timed_call`: the inputs are put on the device once, here,
 and each timed call runs the plan and synchronises the device, exactly what
-``choose_algorithm(measure=True)`` times. ``auto`` builds its plan inside the call (choosing is
-part of what it costs, as in ``conv2d(algo="auto")``).
+``choose_algorithm(measure=True)`` times. ``auto`` runs the plan it chose: ``conv2d(algo="auto")``
+chooses once per call signature and keeps the plan (:data:`convlib.dispatch.plan.PLANS`), so a
+repeated call costs what the chosen algorithm's does. (Until 2026-11-26 the bench chose inside every
+timed call: 50-100 us of Python that ``conv2d`` no longer pays, and which made ``auto`` 10-30%
+slower than the very algorithm it ran on MobileNetV2's sub-millisecond layers.)
 """
 
 from __future__ import annotations
@@ -118,14 +121,10 @@ def convlib_candidates(problem: ConvProblem, device: str, algos, *inputs) -> lis
             if arrays is None:
                 arrays = plan.prepare(*inputs)
             if algo == "auto":
-                def call_auto(arrays=arrays):
-                    # What conv2d(algo="auto") does per call: choose, then run.
-                    auto = plan_for(operation, problem, target, "auto")
-                    y = auto.execute(*arrays)
-                    backend.synchronize(handle)
-                    return y
-
-                out.append(Candidate("auto", device, "convlib", call_auto, to_host, plan.algorithm, plan.reason))
+                # conv2d(algo="auto") chooses once per call signature and keeps the plan
+                # (dispatch.plan.PLANS): a repeated call runs the chosen plan, as timed here.
+                out.append(Candidate("auto", device, "convlib", plan.timed_call(*arrays), to_host, plan.algorithm,
+                                     plan.reason))
             else:
                 out.append(Candidate(algo, device, "convlib", plan.timed_call(*arrays), to_host))
         except NotImplementedError as exc:  # auto, when nothing serves
