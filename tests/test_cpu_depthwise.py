@@ -87,8 +87,8 @@ def test_whole_planes_and_bands_agree(case, rng):
     np.testing.assert_allclose(planes, bands, rtol=1e-12, atol=1e-12)
 
 
-#: Bands whose output rows are at least a block long: stored straight into y (in pairs of rows at
-#: unit row stride and dilation), the last block of a row moved back to end at Q. (C, H, W, multiplier, R, S, stride, padding, dilation); W is set
+#: Bands whose output rows are at least a block long: stored straight into y (in pairs of rows where
+#: the row stride is a whole number of dilated filter rows), the last block of a row moved back to end at Q. (C, H, W, multiplier, R, S, stride, padding, dilation); W is set
 #: per dtype where it says None (one block exactly).
 WIDE_ROW_CASES = {
     "5x5-same": (2, 9, 300, 1, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1)),
@@ -96,6 +96,11 @@ WIDE_ROW_CASES = {
     "one-block-exactly": (1, 6, None, 1, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
     # Unit row stride: rows in pairs (an odd band leaves one row alone), here with column phases.
     "5x3-column-stride2-dilated": (1, 11, 280, 1, 5, 3, (1, 2), (2, 2, 1, 1), (1, 2)),
+    # Row stride 3 = 3 filter rows: row p + 1 shares filter rows 3..6 of row p's (pairs); row stride
+    # 2 at row dilation 2: one filter row (pairs); row stride 2 at row dilation 3: none shared.
+    "7x5-row-stride3": (1, 23, 260, 1, 7, 5, (3, 1), (3, 3, 2, 2), (1, 1)),
+    "5x3-stride2-dilated2": (1, 19, 270, 1, 5, 3, (2, 1), (4, 4, 1, 1), (2, 1)),
+    "3x3-stride2-dilated3": (1, 19, 270, 1, 3, 3, (2, 1), (3, 3, 1, 1), (3, 1)),
 }
 
 
