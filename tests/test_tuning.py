@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import convlib
+from convlib.core.problem import make_backward_data_problem
 from convlib.dispatch import tuning
+from convlib.dispatch.select import rule_choice
 from convlib.dispatch.devices import resolve_device
 
 
@@ -98,6 +100,22 @@ def test_cpu_rules_on_resnet_layers(C, H, K, R, stride, padding, expected):
     x = np.zeros((8, C, H, H), np.float32)
     w = np.zeros((K, C, R, R), np.float32)
     assert convlib.choose_algorithm(x, w, stride=stride, padding=padding).algo == expected
+
+
+@pytest.mark.parametrize("min_image, expected", [(1, "winograd"), (14, "blis")])
+def test_winograd_rule_respects_the_image_size(min_image, expected):
+    """ResNet-50's 7x7 3x3 layer: F(4x4,3x3)'s tiles cover it as 8x8; where the knob asks for larger
+    images (AVX-512 machines, measured) blis serves it, forward and backward data alike."""
+    from convlib.cpu.tables import KNOBS
+
+    x = np.zeros((8, 512, 7, 7), np.float32)
+    w = np.zeros((512, 512, 3, 3), np.float32)
+    with KNOBS.override(auto_winograd_min_image=min_image):
+        assert convlib.choose_algorithm(x, w, padding=1).algo == expected
+        problem = convlib.build_problem(x, w, padding=1)
+        data_pass = make_backward_data_problem(problem.y_shape, w.shape, x.shape, np.float32, np.float32,
+                                               padding=1)
+        assert rule_choice(data_pass, "cpu", ["winograd", "blis"])[0] == expected
 
 
 # -- device identity: a measured choice is found again for the same device, never for another ----

@@ -525,6 +525,8 @@ def direct_kernel(dtype: str, KB: int, QB: int):
                 n1 = min(N, n0 + images)
                 p_lo = band * P // bands
                 rows = (band + 1) * P // bands - p_lo
+                if rows == 0:
+                    continue  # more bands than rows
                 if gather:
                     for n in range(n0, n1):
                         gather_rows(x, n, g * Cg, Cg, p_lo, rows + halo, phases_h, phases_w, stride_h,

@@ -45,12 +45,13 @@ def _is_thin(problem: ConvProblem, filters: int = 16, reduction: int = 32) -> bo
     return problem.gemm_m < filters or problem.gemm_k < reduction
 
 
-def _winograd_pays(problem: ConvProblem, channels: int = 32, pixels: int = 256) -> bool:
+def _winograd_pays(problem: ConvProblem, channels: int = 32, pixels: int = 256, image: int = 1) -> bool:
     # Measured on ResNet-50 v1.5's 3x3 stride-1 layers at batch 8 (docs/benchmarks.md): F(4x4,3x3)
     # beat the best GEMM-based algorithm by 1.3-2x. It needs enough channels for the GEMMs to
-    # dominate the transforms, and enough tiles to amortise the filter transform.
+    # dominate the transforms, enough tiles to amortise the filter transform, and (where the
+    # GEMM-based algorithms run near the FMA peak) images large enough for its tiles.
     return (problem.is_winograd_shape and problem.C_per_group >= channels and problem.K_per_group >= channels
-            and problem.gemm_n >= pixels)
+            and problem.gemm_n >= pixels and min(problem.P, problem.Q) >= image)
 
 
 def _is_pointwise(problem: ConvProblem) -> bool:
@@ -69,7 +70,8 @@ def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
         return [("direct", f"thin GEMM (M={problem.gemm_m}, K={problem.gemm_k}): memory-bound, "
                            "direct streams the image once")]
     rules = []
-    if _winograd_pays(problem, CPU_KNOBS.auto_winograd_min_channels, CPU_KNOBS.auto_winograd_min_pixels):
+    if _winograd_pays(problem, CPU_KNOBS.auto_winograd_min_channels, CPU_KNOBS.auto_winograd_min_pixels,
+                      CPU_KNOBS.auto_winograd_min_image):
         rules.append(("winograd", "3x3 stride-1 layer with many channels: F(4x4,3x3) does 4x fewer multiplications"))
     # Measured on ResNet-50 v1.5 at batch 8 (docs/benchmarks.md): blis wins every pointwise (1x1,
     # stride-1, unpadded) layer, whose packing is a plain copy of channel rows. Elsewhere, with at
@@ -128,7 +130,8 @@ def _cpu_gradient_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # rotated filters) beat blis on all four 3x3 stride-1 layers, 1.06-1.6x.
     if problem.operation == "conv2d_backward_data":
         rules = []
-        if _winograd_pays(problem, CPU_KNOBS.auto_winograd_min_channels, CPU_KNOBS.auto_winograd_min_pixels):
+        if _winograd_pays(problem, CPU_KNOBS.auto_winograd_min_channels, CPU_KNOBS.auto_winograd_min_pixels,
+                          CPU_KNOBS.auto_winograd_min_image):
             rules.append(("winograd", "backward data of a 3x3 stride-1 layer with many channels: the forward "
                                       "F(4x4,3x3) on the rotated filters"))
         return rules + [("blis", "backward data: the GEMM W^T dY with col2im in its store (no column matrix)")]

@@ -323,6 +323,7 @@ AUTO_LADDERS = {
     "auto_thin_reduction": (9, 16, 32, 64, 128),
     "auto_winograd_min_channels": (16, 32, 64, 128, 1 << 30),
     "auto_winograd_min_pixels": (64, 256, 1024, 4096),
+    "auto_winograd_min_image": (1, 8, 14, 28),
     "auto_direct_max_filters": (0, 64, 128, 256, 512),
     "auto_direct_max_reduction": (0, 256, 512, 1152, 2304),
 }
