@@ -93,6 +93,9 @@ class _no_warning:
         (3, 224, 64, 7, 2, 3, "direct"),  # the stem: few filters, short reduction
         (128, 56, 128, 3, 2, 1, "blis"),  # strided 3x3
         (64, 56, 64, 3, 1, 1, "winograd"),  # 3x3 stride 1 with many channels
+        (24, 56, 144, 1, 1, 0, "blis"),  # MobileNetV2's pointwise expansion: short, but a plain copy to pack
+        (8, 112, 64, 1, 1, 0, "direct"),  # ... with 8 channels, direct
+        (3, 56, 64, 3, 1, 1, "direct"),  # a 3x3 layer with a reduction of 27: thin
     ],
 )
 def test_cpu_rules_on_resnet_layers(C, H, K, R, stride, padding, expected):

@@ -66,7 +66,12 @@ def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # on MobileNetV2's layers 1.7-3x.
     if problem.groups == problem.C and problem.R * problem.S <= CPU_KNOBS.auto_depthwise_max_taps:
         return [("depthwise", "depthwise: one input channel per output plane, streamed once (memory-bound)")]
-    if _is_thin(problem, CPU_KNOBS.auto_thin_filters, CPU_KNOBS.auto_thin_reduction):
+    # A pointwise layer's packing is a plain copy of channel rows, so blis pays for a shorter
+    # reduction there: MobileNetV2's 1x1 16>96 and 24>144 expansions (Zen 5, batch 8) took blis
+    # 0.36-0.47x direct's time, whose blocks of a 56- or 112-wide image are mostly stores that wrap
+    # rows; with 8 channels (8>64) direct still won, 1.2x.
+    reduction = CPU_KNOBS.auto_thin_pointwise_reduction if _is_pointwise(problem) else CPU_KNOBS.auto_thin_reduction
+    if _is_thin(problem, CPU_KNOBS.auto_thin_filters, reduction):
         return [("direct", f"thin GEMM (M={problem.gemm_m}, K={problem.gemm_k}): memory-bound, "
                            "direct streams the image once")]
     rules = []

@@ -321,6 +321,7 @@ AUTO_LADDERS = {
     "auto_depthwise_max_taps": (0, 9, 25, 49, 81),
     "auto_thin_filters": (4, 8, 16, 32, 64),
     "auto_thin_reduction": (9, 16, 32, 64, 128),
+    "auto_thin_pointwise_reduction": (8, 16, 32, 64),
     "auto_winograd_min_channels": (16, 32, 64, 128, 1 << 30),
     "auto_winograd_min_pixels": (64, 256, 1024, 4096),
     "auto_winograd_min_image": (1, 8, 14, 28),
