@@ -219,29 +219,43 @@ def _numpy_blas() -> str | None:
 def _fma_kernel(accumulators: int):
     """A kernel where each thread runs ``accumulators`` independent float32 FMA chains.
 
-    The chains live in a constant-size stack buffer, which LLVM keeps in vector registers (see
-    :mod:`convlib.cpu.stack_buffer`); the loop over them is vectorised, so each iteration is
-    ``accumulators / lanes`` independent vector FMAs and nothing else.
+    The chains are vectors of the widest registers the CPU has (:func:`convlib.cpu.isa.simd_bytes`:
+    zmm with AVX-512, written as explicit vectors, since LLVM's loop vectoriser stays at 256 bits on
+    Intel's AVX-512 parts and measured half their peak there: 160 GFLOP/s on two Xeon cores), kept
+    in a constant-size stack buffer that LLVM holds in registers (see
+    :mod:`convlib.cpu.stack_buffer`); each iteration is ``accumulators / lanes`` independent vector
+    FMAs and nothing else.
     """
     from numba import njit, prange
 
+    from ..cpu.intrinsics import vector_fma
+    from ..cpu.isa import simd_bytes
     from ..cpu.stack_buffer import stack_array_1d
+
+    lanes = simd_bytes() // 4
+    vectors = max(1, accumulators // lanes)
+    size = vectors * lanes
 
     @njit(parallel=True, fastmath={"contract"})
     def fma_chains(iterations, a, b, out):  # out: (threads,) one sum per thread, so nothing is dead code
         for t in prange(out.size):
-            acc = stack_array_1d(accumulators, np.float32)
-            for j in range(accumulators):
+            acc = stack_array_1d(size, np.float32)
+            step = stack_array_1d(lanes, np.float32)
+            scale = stack_array_1d(1, np.float32)
+            for j in range(size):
                 acc[j] = np.float32(t + j) * np.float32(1e-3)
+            for j in range(lanes):
+                step[j] = b
+            scale[0] = a
             for _ in range(iterations):
-                for j in range(accumulators):
-                    acc[j] = acc[j] * a + b
+                for v in range(vectors):
+                    vector_fma(acc, v * lanes, scale, 0, step, 0, lanes)  # acc += a * b, one FMA
             total = np.float32(0)
-            for j in range(accumulators):
+            for j in range(size):
                 total += acc[j]
             out[t] = total
 
-    return fma_chains
+    return fma_chains, size
 
 
 def fma_peak(threads: int | None = None, seconds: float = 0.3, trials: int = 3) -> tuple[float, int]:
@@ -262,8 +276,8 @@ def fma_peak(threads: int | None = None, seconds: float = 0.3, trials: int = 3) 
     out = np.zeros(threads, np.float32)
     a, b = np.float32(0.999999), np.float32(1e-6)
     best = (0.0, 0)
-    for size in FMA_ACCUMULATOR_SIZES:
-        kernel = _fma_kernel(size)
+    for accumulators in FMA_ACCUMULATOR_SIZES:
+        kernel, size = _fma_kernel(accumulators)
         kernel(100, a, b, out)  # compile
         # Size the trial from a short one, so each trial runs about `seconds`.
         t0 = time.perf_counter()

@@ -73,7 +73,7 @@ from ..core import output_cache
 from ..core.problem import ConvProblem
 from .intrinsics import (deinterleave_vector, store_fence, transpose_block, vector_copy, vector_fma,
                          vector_fma_lanes, vector_lanes, vector_stream_plus)
-from .isa import loop_vector_bytes
+from .isa import simd_bytes
 from .stack_buffer import stack_array_1d
 from .tables import KNOBS
 
@@ -88,10 +88,11 @@ BLOCK = 64
 BAND_VECTORS = 8
 
 
-def band_block(itemsize: int) -> tuple[int, int]:
-    """``(lanes, positions)`` of the bands' blocks: one vector of the width LLVM's loops use here
-    (:func:`~convlib.cpu.isa.loop_vector_bytes`), :data:`BAND_VECTORS` of them per block."""
-    lanes = max(1, loop_vector_bytes() // itemsize)
+def band_block(itemsize: int, vector_bytes: int | None = None) -> tuple[int, int]:
+    """``(lanes, positions)`` of the bands' blocks: one vector of ``vector_bytes`` (by default the
+    widest registers, :func:`~convlib.cpu.isa.simd_bytes`: zmm on every AVX-512 machine, whatever
+    width LLVM's loop vectoriser prefers), :data:`BAND_VECTORS` of them per block."""
+    lanes = max(1, (vector_bytes or simd_bytes()) // itemsize)
     return lanes, lanes * BAND_VECTORS
 
 
@@ -240,7 +241,7 @@ def workspace_bytes(problem: ConvProblem, device=None) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def depthwise_kernel(R: int, S: int, dtype: str):
+def depthwise_kernel(R: int, S: int, dtype: str, vector_bytes: int | None = None):
     """The kernel for ``R x S`` filters of ``dtype`` (compile-time constants: the taps are unrolled)::
 
         kernel(x, w, bias, stride_h, stride_w, top, left, dil_h, dil_w, rows, stream, y_misalign, threads, y)
@@ -255,7 +256,7 @@ def depthwise_kernel(R: int, S: int, dtype: str):
     """
     taps = R * S
     scalar = np.dtype(dtype).type
-    L, block = band_block(np.dtype(dtype).itemsize)
+    L, block = band_block(np.dtype(dtype).itemsize, vector_bytes)
     V = BAND_VECTORS
     V2 = V // 2  # vectors per row of a pair of rows
     half = V2 * L
@@ -820,7 +821,7 @@ def run(problem: ConvProblem, x, w, bias, device=None):
     lanes = band_block(problem.itemsize)[0]
     # Outputs past half the last-level cache skip the read for ownership of each line (as direct's).
     stream = (y.nbytes >= KNOBS.direct_stream_min_bytes and address % problem.itemsize == 0)
-    depthwise_kernel(problem.R, problem.S, problem.dtype)(
+    depthwise_kernel(problem.R, problem.S, problem.dtype, simd_bytes())(
         x, w, bias_or_zeros, problem.stride[0], problem.stride[1], problem.pad_top, problem.pad_left,
         problem.dilation[0], problem.dilation[1], rows, stream, (address // problem.itemsize) % lanes,
         get_num_threads(), y)

@@ -31,11 +31,13 @@ row and, when the row allows, on whole cache lines.
 The register block is ``KB`` output channels x ``QB`` positions, held in a stack accumulator
 (:func:`convlib.cpu.stack_buffer.stack_array_1d`) that LLVM keeps in vector registers (checked
 in the assembly: one ``vfmadd231ps`` per accumulator per tap, no stack traffic in the tap loop).
-The tap loop is written with explicit vectors (:func:`convlib.cpu.intrinsics.vector_fma`, the
-width of LLVM's loop vectors): left to the loop vectoriser, numba 0.68's LLVM built the 3x64 block
-with half its accumulators on the Xeon host (1.7x the time on ResNet-50's 7x7 layer), and on Zen 5
-the explicit form took 0.59-1.0x the time of the vectorised loop (stem 0.69x, 14x14 and 7x7 3x3
-layers 0.76-0.79x, the seed shape 0.91x).
+The tap loop is written with explicit vectors of the widest registers
+(:func:`convlib.cpu.intrinsics.vector_fma`; zmm on every AVX-512 machine): left to the loop
+vectoriser, numba 0.68's LLVM built the 3x64 block with half its accumulators on the Xeon host
+(1.7x the time on ResNet-50's 7x7 layer), and on Zen 5 the explicit form took 0.59-1.0x the time of
+the vectorised loop (stem 0.69x, 14x14 and 7x7 3x3 layers 0.76-0.79x, the seed shape 0.91x). On the
+Xeon, whose loop vectoriser prefers ymm, the zmm blocks took 0.65-0.74x the time of the ymm ones
+it had used (0.90x on an RGB 1080p layer).
 Per tap it costs ``QB / lanes`` vector loads of ``x``, ``KB`` weight broadcasts and
 ``KB * QB / lanes`` FMAs; the weights are packed as ``(group, K-block, tap, KB)`` so one tap's
 ``KB`` weights are adjacent. Only the tap loop is a loop: unrolling taps or rows in the body
@@ -66,7 +68,7 @@ the region. Problems under the ``direct_serial_below_flops`` knob run on one thr
 others would cost more than it saves.
 
 Block sizes are data (the ``direct_blockings`` knob of :mod:`convlib.cpu.tables`, one row per
-loop-vectoriser width and dtype); :func:`choose_blocking` weighs each candidate's padded work (K
+instruction set and dtype); :func:`choose_blocking` weighs each candidate's padded work (K
 rounded up to ``KB``, positions to whole blocks) by its measured speed.
 
 What a new shape costs
@@ -74,9 +76,7 @@ What a new shape costs
 Kernels are specialised on ``(dtype, KB, QB)`` only, compiled once per machine
 (``cache=True``, a few seconds each; one table of three or four blocks per dtype applies here);
 N, C, H, W, K, R, S, stride, dilation, padding and groups are runtime values. A new shape costs
-no compilation, only the offset table, the weight packing and the schedule. On AVX-512 hosts the
-first call of a process also compiles a tiny uncached probe loop (~0.1 s) to learn which vector
-width LLVM uses (:func:`convlib.cpu.isa.loop_vector_bytes`).
+no compilation, only the offset table, the weight packing and the schedule.
 """
 
 from __future__ import annotations
@@ -88,10 +88,9 @@ import numpy as np
 from numba import get_num_threads, njit, prange, set_num_threads
 
 from ..core import output_cache
-from .isa import loop_vector_bytes
-from .stack_buffer import stack_array_1d, stack_array_2d
-from .tables import KNOBS, DirectBlocking, direct_blockings
 from .intrinsics import store_fence, vector_fma, vector_stream_plus
+from .stack_buffer import stack_array_1d, stack_array_2d
+from .tables import KNOBS, DirectBlocking, direct_blockings, direct_vector_bytes
 from .work_queue import fetch_and_increment
 
 
@@ -467,8 +466,9 @@ def copy_run(tile, row, start, out, dst, length):
 
 
 @functools.lru_cache(maxsize=None)
-def direct_kernel(dtype: str, KB: int, QB: int):
-    """The register-blocked kernel for one ``(dtype, KB, QB)``; compiled on first call.
+def direct_kernel(dtype: str, KB: int, QB: int, vector_bytes: int | None = None):
+    """The register-blocked kernel for one ``(dtype, KB, QB)`` in vectors of ``vector_bytes`` (this
+    machine's, :func:`~convlib.cpu.tables.direct_vector_bytes`, by default); compiled on first call.
 
     The returned function computes ``y`` (see the module docstring)::
 
@@ -495,7 +495,7 @@ def direct_kernel(dtype: str, KB: int, QB: int):
     """
     scalar = np.dtype(dtype).type
     LINE = 64 // np.dtype(dtype).itemsize  # elements per cache line: one streaming store
-    L = max(1, loop_vector_bytes() // np.dtype(dtype).itemsize)  # lanes of the loops' vectors here
+    L = max(1, (vector_bytes or direct_vector_bytes()) // np.dtype(dtype).itemsize)  # lanes of a vector
     NV = QB // L  # vectors per accumulator row
     ACC = KB * QB
     # Besides the accumulators, weights outer keeps the tap's NV input vectors live (each loaded
@@ -736,7 +736,7 @@ def _run(problem, x, w, bias, y):
     stream = plan.stream and address % problem.itemsize == 0
     y_misalign = (address % 64) // problem.itemsize
 
-    kernel = direct_kernel(problem.dtype, KB, blk.QB)
+    kernel = direct_kernel(problem.dtype, KB, blk.QB, direct_vector_bytes())
     kernel(
         x, source, groups * group_stride, group_stride, bufs, phases_h, phases_w,
         problem.stride[0], problem.stride[1], problem.pad_top, problem.pad_left,

@@ -34,8 +34,7 @@ stores what wins in the machine's profile (:mod:`convlib.cpu.profile`), which ta
 Direct register blocks
 ----------------------
 :class:`DirectBlocking` rows: ``KB`` output channels x ``QB`` wide output positions per register
-block of :mod:`convlib.cpu.direct`, per vectorisation width of the loop vectoriser
-(:func:`direct_isa`) and dtype.
+block of :mod:`convlib.cpu.direct`, per instruction set (:func:`direct_isa`) and dtype.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.knobs import Knob, KnobTable
-from .isa import FALLBACK_CACHES, cache_sizes, host_isa, loop_vector_bytes
+from .isa import FALLBACK_CACHES, cache_sizes, host_isa, simd_bytes
 from .profile import load_profile_knobs
 
 
@@ -134,11 +133,13 @@ _BLIS_BLOCKING = {
     ("avx2", "float64"): BlisBlocking(MC=96, KC=256, NC=512, MR=3, NR=16),
 }
 
-#: Direct candidates per loop-vectoriser width (see :func:`direct_isa`) and dtype. float64 halves
-#: QB. AVX-512: 24 zmm accumulators. AVX-512 vectorised with ymm: 24 ymm accumulators + KB
-#: broadcasts + 1 input vector <= 32 registers. AVX2: 12 ymm accumulators + KB broadcasts + 1
-#: input vector <= 16 registers (4 x 24 would need 17 and spills; 4 x 16 has too few
-#: accumulators for its broadcasts). The single-channel blocks serve depthwise convolution.
+#: Direct candidates per instruction set (see :func:`direct_isa`) and dtype. float64 halves QB.
+#: The kernel is written in explicit vectors of the widest registers: AVX-512, 24 zmm accumulators
+#: (on Intel's AVX-512 parts too, where LLVM's loop vectoriser prefers ymm: the ymm blocks 4x48, 6x32
+#: and 3x64 it had there took 1.1-1.5x the time of these, Xeon host, 2 threads). AVX2: 12 ymm
+#: accumulators + KB broadcasts + 1 input vector <= 16 registers (4 x 24 would need 17 and spills;
+#: 4 x 16 has too few accumulators for its broadcasts). The single-channel blocks serve depthwise
+#: convolution.
 _DIRECT_BLOCKINGS = {
     ("avx512", "float32"): (
         DirectBlocking(KB=4, QB=96), DirectBlocking(KB=8, QB=48), DirectBlocking(KB=12, QB=32),
@@ -146,14 +147,6 @@ _DIRECT_BLOCKINGS = {
     ),
     ("avx512", "float64"): (
         DirectBlocking(KB=4, QB=48), DirectBlocking(KB=8, QB=24), DirectBlocking(KB=12, QB=16),
-        DirectBlocking(KB=1, QB=64, speed=0.5),
-    ),
-    ("avx512-ymm", "float32"): (
-        DirectBlocking(KB=4, QB=48), DirectBlocking(KB=6, QB=32), DirectBlocking(KB=3, QB=64),
-        DirectBlocking(KB=1, QB=128, speed=0.5),
-    ),
-    ("avx512-ymm", "float64"): (
-        DirectBlocking(KB=4, QB=24), DirectBlocking(KB=6, QB=16), DirectBlocking(KB=3, QB=32),
         DirectBlocking(KB=1, QB=64, speed=0.5),
     ),
     ("avx2", "float32"): (
@@ -344,12 +337,15 @@ def blis_blocking(dtype: str) -> BlisBlocking:
 
 
 def direct_isa() -> str:
-    """The key of the direct table for this machine: ``"avx512"`` (LLVM vectorises loops with
-    zmm), ``"avx512-ymm"`` (AVX-512 present, 256-bit loop vectors: 32 ymm registers) or ``"avx2"``
+    """The key of the direct table for this machine: ``"avx512"`` (32 zmm registers) or ``"avx2"``
     (16 ymm registers; also what a hypervisor that hides AVX-512 leaves)."""
-    if host_isa() == "avx2":
-        return "avx2"
-    return "avx512" if loop_vector_bytes() == 64 else "avx512-ymm"
+    return host_isa()
+
+
+def direct_vector_bytes() -> int:
+    """Bytes of the vectors direct's kernel is written in: the widest registers (:func:`simd_bytes`),
+    whatever width LLVM's loop vectoriser prefers."""
+    return simd_bytes()
 
 
 def direct_blockings(dtype: str) -> tuple[DirectBlocking, ...]:
