@@ -351,7 +351,7 @@ def gather_rows(x, n, c_first, Cg, p_lo, rows_in, phases_h, phases_w, stride_h, 
 @njit(parallel=True, cache=True)
 def gather_source_planes(x, phases_h, phases_w, stride_h, stride_w, top, left, xs):
     """Zero-padded, stride-phase-split copy of the whole of ``x`` (the "whole" source: see the
-    module docstring).
+    module docstring): :func:`gather_rows` of every plane row, in parallel over images and channels.
 
     Parameters
     ----------
@@ -360,44 +360,14 @@ def gather_source_planes(x, phases_h, phases_w, stride_h, stride_w, top, left, x
     stride_h, stride_w, top, left : int                 # IN
     xs : (N, C, len(phases_h), len(phases_w), Hs, Ws)   # OUT every element written
     """
-    N, C, H, W = x.shape
+    N, C = x.shape[0], x.shape[1]
     nph, npw, Hs, Ws = xs.shape[2], xs.shape[3], xs.shape[4], xs.shape[5]
-    x_flat = x.reshape(-1)
     xs_flat = xs.reshape(-1)
-    for item in prange(N * C * nph * npw):
-        ib = item % npw
-        rest = item // npw
-        ia = rest % nph
-        rest //= nph
-        c = rest % C
-        n = rest // C
-        a = phases_h[ia]
-        b = phases_w[ib]
-        # Columns j with 0 <= j*sw + b - left < W, as a half-open range [j_lo, j_hi).
-        j_lo = min(Ws, max(0, -(-(left - b) // stride_w)))
-        j_hi = min(Ws, max(j_lo, -(-(W + left - b) // stride_w)))
-        for i in range(Hs):
-            dst = (item * Hs + i) * Ws
-            row = i * stride_h + a - top
-            if row < 0 or row >= H:
-                xs_flat[dst:dst + Ws] = 0
-                continue
-            xs_flat[dst:dst + j_lo] = 0
-            xs_flat[dst + j_hi:dst + Ws] = 0
-            # Unsigned flat indices from the first copied element on: no negative-index checks.
-            out = np.uint64(dst + j_lo)
-            src = np.uint64(((n * C + c) * H + row) * W + j_lo * stride_w + b - left)
-            count = np.uint64(j_hi - j_lo)
-            if stride_w == 1:
-                for j in range(count):
-                    xs_flat[out + j] = x_flat[src + j]
-            elif stride_w == 2:  # the common strided case, with a literal stride
-                for j in range(count):
-                    xs_flat[out + j] = x_flat[src + np.uint64(2) * j]
-            else:
-                step = np.uint64(stride_w)
-                for j in range(count):
-                    xs_flat[out + j] = x_flat[src + step * j]
+    for item in prange(N * C):
+        n = item // C
+        c = item - n * C
+        gather_rows(x, n, c, 1, 0, Hs, phases_h, phases_w, stride_h, stride_w, top, left, Hs, Ws, xs_flat,
+                    item * nph * npw * Hs * Ws)
 
 
 @njit(parallel=True, cache=True)

@@ -221,9 +221,9 @@ def vector_add_into(typingctx, dst, dst_index, src, src_index, lanes):
     return types.void(dst, dst_index, src, src_index, lanes), codegen
 
 
-@intrinsic
-def vector_store_plus(typingctx, dst, dst_index, src, src_index, scalar, lanes):
-    """``dst[dst_index : +lanes] = src[src_index : +lanes] + scalar``."""
+def _store_plus(scalar, lanes, nontemporal):
+    """The codegen of ``dst[dst_index : +lanes] = src[src_index : +lanes] + scalar``, a plain or a
+    non-temporal store (then aligned to the whole vector), or None for arguments it does not take."""
     L = _literal_lanes(lanes)
     if L is None or not isinstance(scalar, (types.Float, types.Integer)):
         return None
@@ -233,10 +233,21 @@ def vector_store_plus(typingctx, dst, dst_index, src, src_index, scalar, lanes):
         s_, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], L)
         value = context.cast(builder, args[4], signature.args[4], signature.args[0].dtype)
         total = builder.fadd(builder.load(s_, align=align), _splat(builder, vec, value))
-        builder.store(total, d, align=align)
+        if nontemporal:
+            store = builder.store(total, d, align=align * L)
+            store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        else:
+            builder.store(total, d, align=align)
         return context.get_dummy_value()
 
-    return types.void(dst, dst_index, src, src_index, scalar, lanes), codegen
+    return codegen
+
+
+@intrinsic
+def vector_store_plus(typingctx, dst, dst_index, src, src_index, scalar, lanes):
+    """``dst[dst_index : +lanes] = src[src_index : +lanes] + scalar``."""
+    codegen = _store_plus(scalar, lanes, nontemporal=False)
+    return None if codegen is None else (types.void(dst, dst_index, src, src_index, scalar, lanes), codegen)
 
 
 @intrinsic
@@ -249,20 +260,8 @@ def vector_stream_plus(typingctx, dst, dst_index, src, src_index, scalar, lanes)
     faults otherwise); callers check the address. Follow a kernel's streaming stores with
     :func:`store_fence` before other threads read what they wrote.
     """
-    L = _literal_lanes(lanes)
-    if L is None or not isinstance(scalar, (types.Float, types.Integer)):
-        return None
-
-    def codegen(context, builder, signature, args):
-        d, vec, align = _vector_at(context, builder, signature.args[0], args[0], args[1], L)
-        s_, _, _ = _vector_at(context, builder, signature.args[2], args[2], args[3], L)
-        value = context.cast(builder, args[4], signature.args[4], signature.args[0].dtype)
-        total = builder.fadd(builder.load(s_, align=align), _splat(builder, vec, value))
-        store = builder.store(total, d, align=align * L)
-        store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
-        return context.get_dummy_value()
-
-    return types.void(dst, dst_index, src, src_index, scalar, lanes), codegen
+    codegen = _store_plus(scalar, lanes, nontemporal=True)
+    return None if codegen is None else (types.void(dst, dst_index, src, src_index, scalar, lanes), codegen)
 
 
 @intrinsic
