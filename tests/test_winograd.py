@@ -148,6 +148,24 @@ def test_chunking_changes_nothing(algo, chunk_bytes, rng):
     assert relative_error(chunked, conv2d_reference_for(problem, x, w, b)) <= BOUND_FLOAT64
 
 
+@pytest.mark.parametrize("total_rows, tiles_w, most, NR", [
+    (56, 7, 16, 32), (56, 7, 16, 16), (1, 3, 1, 32), (7, 2, 3, 8), (100, 1, 40, 32), (32, 2, 64, 32),
+])
+def test_chunk_rows_waste_the_least_padding(total_rows, tiles_w, most, NR):
+    from convlib.cpu.winograd import _rows_per_chunk
+
+    def padded(rows):  # the GEMM columns of all chunks, each padded to whole NR
+        sizes = [min(rows, total_rows - r0) * tiles_w for r0 in range(0, total_rows, rows)]
+        return sum(-(-s // NR) * NR for s in sizes)
+
+    most = min(most, total_rows)
+    rows = _rows_per_chunk(total_rows, tiles_w, most, NR)
+    assert max(1, (most + 1) // 2) <= rows <= most
+    assert padded(rows) == min(padded(r) for r in range(max(1, (most + 1) // 2), most + 1))
+    even = -(-total_rows // -(-total_rows // most))  # the even split chunk_plan made before
+    assert padded(rows) <= padded(even)
+
+
 @pytest.mark.parametrize("algo", ALGOS)
 def test_random_problems_match_reference(algo, rng):
     for _ in range(25):
