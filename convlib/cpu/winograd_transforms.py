@@ -266,7 +266,7 @@ def filter_transform_kernel(m: int):
         zero64 = np.float64(0.0)
         parts = _parts(groups * Kpad, threads)
         for part in prange(parts):
-            columns = np.empty(alpha * 3 * Cg)  # (G f)[i, s] for every c, float64
+            rows = np.empty(alpha * 3 * Cg)  # (f G^T)[r, j] for every c, float64
             gk_lo, gk_hi = _part_range(part, parts, groups * Kpad)
             for gk in range(gk_lo, gk_hi):
                 g = gk // Kpad
@@ -276,12 +276,14 @@ def filter_transform_kernel(m: int):
                         U[pos, g, k, :] = 0
                     continue
                 src = (g * Kg + k) * Cg * 9
-                for s in range(3):  # G along each filter column s: taps 3 apart, filters 9 apart
-                    transform_pass("filter", m, False, w_flat, src + s, 3, 9, columns, s * Cg, 3 * Cg, 1, Cg,
-                                   zero64)
-                for i in range(alpha):  # then along the rows: (G f G^T)[i, j]
-                    transform_pass("filter", m, False, columns, i * 3 * Cg, Cg, 1,
-                                   u_flat, alpha * i * pos_stride + gk * Cg, pos_stride, 1, Cg, zero64)
+                # G along every filter row (c, r) first, then down the columns: both passes read
+                # their taps 1 apart and their columns 3 apart, which LLVM vectorises as
+                # interleaved loads (columns first read taps 3 and filters 9 apart: gathers, and
+                # ResNet-50's 512x512 filters took 2.1-2.6 ms to transform on Zen 5).
+                transform_pass("filter", m, False, w_flat, src, 1, 3, rows, 0, 3 * Cg, 1, 3 * Cg, zero64)
+                for j in range(alpha):  # rows[j, c, r] = (f G^T)[r, j]; then (G f G^T)[i, j]
+                    transform_pass("filter", m, False, rows, j * 3 * Cg, 1, 3,
+                                   u_flat, j * pos_stride + gk * Cg, alpha * pos_stride, 1, Cg, zero64)
 
     return filter_transform
 
