@@ -148,6 +148,45 @@ def test_chunking_changes_nothing(algo, chunk_bytes, rng):
     assert relative_error(chunked, conv2d_reference_for(problem, x, w, b)) <= BOUND_FLOAT64
 
 
+@pytest.mark.parametrize("block_bytes", [1, 10**9])
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_filters_fused_into_the_gemm_match_the_whole_transform(algo, groups, block_bytes, rng):
+    # 19 filters per group: register tiles whose last rows are dropped; block_bytes=1 makes one
+    # tile a block, so each thread's range runs through several blocks.
+    problem = ConvProblem(2, 2 * groups, 11, 9, 19 * groups, 3, 3, padding=(1, 1, 1, 1), groups=groups, dtype="float64",
+                          has_bias=True)
+    x, w, b = _arrays(rng, problem)
+    with KNOBS.override(winograd_filter_block_bytes=block_bytes):
+        assert algo.fuses_filters(problem, algo.chunk_plan(problem))
+        fused = _run(algo, problem, x, w, b)
+    with KNOBS.override(winograd_chunk_bytes=1):  # many chunks: the whole U, then the batched GEMM
+        assert not algo.fuses_filters(problem, algo.chunk_plan(problem))
+        whole = _run(algo, problem, x, w, b)
+    np.testing.assert_allclose(fused, whole, rtol=1e-13, atol=1e-13)
+    assert relative_error(fused, conv2d_reference_for(problem, x, w, b)) <= BOUND_FLOAT64
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, None])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_workspace_bytes_is_what_is_allocated(algo, chunk_bytes, monkeypatch):
+    problem = ConvProblem(3, 8, 13, 27, 12, 3, 3, padding=(1, 1, 1, 1), dtype="float32")
+    allocated = []
+    real = cpu_winograd._workspace
+
+    def spy(name, shape, dtype):
+        array = real(name, shape, dtype)
+        allocated.append(array.nbytes)
+        return array
+
+    monkeypatch.setattr(cpu_winograd, "_workspace", spy)
+    overrides = {} if chunk_bytes is None else {"winograd_chunk_bytes": chunk_bytes}
+    with KNOBS.override(**overrides):
+        x = np.ones(problem.x_shape, np.float32)
+        algo.run(problem, x, np.ones(problem.w_shape, np.float32), None)
+        assert sum(allocated) == algo.workspace_bytes(problem)
+
+
 @pytest.mark.parametrize("total_rows, tiles_w, most, NR", [
     (56, 7, 16, 32), (56, 7, 16, 16), (1, 3, 1, 32), (7, 2, 3, 8), (100, 1, 40, 32), (32, 2, 64, 32),
 ])

@@ -18,6 +18,12 @@ The method (Lavin & Gray 2015; matrices in :mod:`convlib.core.winograd_math`), `
    c. **Output transform** ``y = A^T m_t A + bias`` per tile, along every tile of the chunk; the
       partial tiles at the bottom and right edges store only their existing outputs.
 
+When all tiles make one chunk (deep layers with few tiles, such as ResNet-50's 7x7x512 layer,
+whose ``U`` of 37.7 MB outgrows the last-level cache), steps 1 and 2b are one pass instead
+(:func:`fused_filter_gemm_kernel`): each thread transforms a block of filters (the
+``winograd_filter_block_bytes`` knob) into its own buffer and multiplies it at once, so ``U`` never
+goes to memory and back.
+
 The transforms live in :mod:`convlib.cpu.winograd_transforms`; this module holds the GEMM, the
 chunking and the call.
 
@@ -29,7 +35,7 @@ the result is non-finite exactly where the definition's is.
 
 Chunks are whole tile rows (or part of one row when a single row is too big), sized so that
 ``V + M`` stays near the ``winograd_chunk_bytes`` knob (or the size of ``U`` when larger)
-whatever N, H and W are: the workspace is ``U`` plus one chunk
+whatever N, H and W are: the workspace is ``U`` (or one filter block per thread) plus one chunk
 (:meth:`WinogradAlgorithm.workspace_bytes`), kept per thread between calls up to
 ``winograd_keep_workspace_bytes``. No BLAS is called: numba's and OpenBLAS's thread pools fight
 when they alternate, and the per-position GEMMs are small. ``docs/algorithms.md`` has the
@@ -61,7 +67,13 @@ from .intrinsics import vector_copy, vector_fma, vector_zero
 from .micro_kernels import micro_kernel_lanes
 from .stack_buffer import stack_array_1d
 from .tables import KNOBS
-from .winograd_transforms import filter_transform_kernel, input_transform_kernel, output_transform_kernel
+from .winograd_transforms import (
+    part_range,
+    filter_transform_kernel,
+    input_transform_kernel,
+    output_transform_kernel,
+    transform_filter,
+)
 
 
 # -- batched GEMM -------------------------------------------------------------------------------
@@ -141,6 +153,63 @@ def batched_gemm_kernel(MR: int, NR: int):
                           rows, MR, NR)
 
     return batched_gemm
+
+
+@functools.lru_cache(maxsize=None)
+def fused_filter_gemm_kernel(m: int, MR: int, NR: int):
+    """The filter transform and the batched GEMM in one pass, for calls whose tiles make one
+    chunk: each thread transforms a block of filters into its own buffer and multiplies it at
+    once, so ``U`` is never written whole (ResNet-50's 7x7x512 layer: 37.7 MB that went to memory
+    and came back)."""
+    alpha = m + 2
+
+    @njit(parallel=True, cache=True, fastmath={"contract"})
+    def fused_filter_gemm(w, V, M, blocks, block_tiles):
+        """w : (K, Cg, 3, 3)                          IN
+        V : (alpha**2, C, Tpad)                      IN   Tpad a multiple of NR
+        M : (alpha**2, K, Tpad)                      OUT
+        blocks : (parts, alpha**2 * block_tiles * MR * Cg)  SCRATCH one part's transformed filters,
+            ``[pos, row, c]``: up to ``block_tiles`` register tiles of rows of one group at a time
+
+        Part ``p`` takes a contiguous range of the groups' ``MR``-row tiles, in blocks.
+        """
+        positions = alpha * alpha
+        C, K, Tpad = V.shape[1], M.shape[1], V.shape[2]
+        Cg = w.shape[1]
+        groups = C // Cg
+        Kg = K // groups
+        group_tiles = -(-Kg // MR)
+        parts = blocks.shape[0]
+        w_flat, v_flat, m_flat = w.ravel(), V.ravel(), M.ravel()
+        pos_stride = block_tiles * MR * Cg
+        for part in prange(parts):
+            u = blocks[part]
+            rows = np.empty(alpha * 3 * Cg)  # the filter transform's float64 scratch
+            lo, hi = part_range(part, parts, groups * group_tiles)
+            t = lo
+            while t < hi:
+                g = t // group_tiles
+                first = t - g * group_tiles
+                n_tiles = min(block_tiles, hi - t, group_tiles - first)
+                k0 = first * MR
+                nk = min(n_tiles * MR, Kg - k0)
+                for i in range(nk):
+                    transform_filter(m, w_flat, (g * Kg + k0 + i) * Cg * 9, Cg, rows, u, i * Cg, pos_stride)
+                for pos in range(positions):  # rows the last tile computes and drops: zeros, not garbage
+                    u[pos * pos_stride + nk * Cg: pos * pos_stride + n_tiles * MR * Cg] = 0
+                for pos in range(positions):
+                    b_off = (pos * C + g * Cg) * Tpad
+                    for tile in range(n_tiles):
+                        r0 = tile * MR
+                        a_off = pos * pos_stride + r0 * Cg
+                        c_off = (pos * K + g * Kg + k0 + r0) * Tpad
+                        stored = min(MR, nk - r0)
+                        for j0 in range(0, Tpad, NR):
+                            gemm_tile(Cg, u, a_off, Cg, v_flat, b_off + j0, Tpad, m_flat, c_off + j0, Tpad,
+                                      stored, MR, NR)
+                t += n_tiles
+
+    return fused_filter_gemm
 
 
 # -- workspace ----------------------------------------------------------------------------------
@@ -256,16 +325,37 @@ class WinogradAlgorithm(WinogradTile):
         Kpad = -(-problem.K_per_group // MR) * MR
         return self.alpha**2 * problem.groups * Kpad * problem.C_per_group * problem.itemsize
 
-    def workspace_bytes(self, problem, device=None, *, chunk_bytes: int | None = None) -> int:
-        """Bytes allocated beyond x, w, bias and y: ``U`` plus one chunk's ``V`` and ``M``.
+    def fuses_filters(self, problem, plan: ChunkPlan) -> bool:
+        """Whether the call transforms the filters block by block inside the GEMM
+        (:func:`fused_filter_gemm_kernel`) instead of into a whole ``U``: when its tiles make one
+        chunk, so ``U`` would be read once."""
+        return len(list(plan.chunks(max(problem.N, 1)))) == 1
 
-        ``alpha**2 * (groups * Kpad * Cg + (C + K) * Tpad) * itemsize``, with ``Kpad`` the rows
-        per group rounded up to the micro-kernel's ``MR`` and ``Tpad`` the chunk's tiles rounded
-        up to its ``NR`` (see :meth:`chunk_plan`); the per-thread scratch rows of the transforms
-        (``O(alpha * width of a chunk)``) are not counted.
+    def filter_block_tiles(self, problem) -> int:
+        """Register tiles (``MR`` filters each) of one thread's block of transformed filters in
+        the fused pass: as many as fit the ``winograd_filter_block_bytes`` knob, at least one."""
+        MR = register_tile(problem.dtype)[0]
+        per_tile = self.alpha**2 * MR * problem.C_per_group * problem.itemsize
+        group_tiles = -(-problem.K_per_group // MR)
+        return max(1, min(group_tiles, KNOBS.winograd_filter_block_bytes // per_tile))
+
+    def workspace_bytes(self, problem, device=None, *, chunk_bytes: int | None = None) -> int:
+        """Bytes allocated beyond x, w, bias and y: the transformed filters plus one chunk's ``V``
+        and ``M``.
+
+        The filters are ``U``, ``alpha**2 * groups * Kpad * Cg`` elements (``Kpad`` the rows per
+        group rounded up to the micro-kernel's ``MR``), or, when they are fused into the GEMM
+        (:meth:`fuses_filters`), one block per thread, ``alpha**2 * MR * Cg`` elements per register
+        tile of :meth:`filter_block_tiles`. ``V`` and ``M`` are ``alpha**2 * (C + K) * Tpad``
+        elements, ``Tpad`` the chunk's tiles rounded up to ``NR`` (see :meth:`chunk_plan`). The
+        per-thread scratch rows of the transforms (``O(alpha * width of a chunk)``) are not counted.
         """
         plan = self.chunk_plan(problem, chunk_bytes)
         chunk = self.alpha**2 * (problem.C + problem.K) * plan.padded_tiles * problem.itemsize
+        if self.fuses_filters(problem, plan):
+            MR = register_tile(problem.dtype)[0]
+            block = self.alpha**2 * self.filter_block_tiles(problem) * MR * problem.C_per_group * problem.itemsize
+            return get_num_threads() * block + chunk
         return self.filter_bytes(problem) + chunk
 
     def run(self, problem, x, w, bias, device=None):
@@ -281,13 +371,18 @@ class WinogradAlgorithm(WinogradTile):
         a2 = self.alpha**2
         MR, NR = register_tile(problem.dtype)
         Kg = problem.K_per_group
-        U = _workspace("U", (a2, problem.groups, -(-Kg // MR) * MR, problem.C_per_group), dtype)
         threads = get_num_threads()
-        # Dynamic scheduling (chunks of one part) instead of numba's static split: on a shared
-        # machine a thread that loses its core would otherwise hold up the whole pass.
-        with parallel_chunksize(1):
-            filter_transform(w, U, threads)
         plan = self.chunk_plan(problem)
+        fused = self.fuses_filters(problem, plan)
+        if fused:
+            block_tiles = self.filter_block_tiles(problem)
+            U = _workspace("U", (threads, a2 * block_tiles * MR * problem.C_per_group), dtype)
+        else:
+            U = _workspace("U", (a2, problem.groups, -(-Kg // MR) * MR, problem.C_per_group), dtype)
+            # Dynamic scheduling (chunks of one part) instead of numba's static split: on a shared
+            # machine a thread that loses its core would otherwise hold up the whole pass.
+            with parallel_chunksize(1):
+                filter_transform(w, U, threads)
         # Flat buffers: each chunk views the front of them as (a2, C, Tpad).
         V_buffer = _workspace("V", (a2 * problem.C * plan.padded_tiles,), dtype)
         M_buffer = _workspace("M", (a2 * problem.K * plan.padded_tiles,), dtype)
@@ -304,8 +399,11 @@ class WinogradAlgorithm(WinogradTile):
             with parallel_chunksize(1):
                 input_transform(x, V, plan.tiles_h, row0, nrows, tx0, ncols, problem.pad_top, problem.pad_left,
                                 threads)
-            with parallel_chunksize(KNOBS.winograd_gemm_schedule_chunk):
-                batched_gemm(U, V, M, Kg)
+            if fused:
+                fused_filter_gemm_kernel(self.m, MR, NR)(w, V, M, U, block_tiles)
+            else:
+                with parallel_chunksize(KNOBS.winograd_gemm_schedule_chunk):
+                    batched_gemm(U, V, M, Kg)
             with parallel_chunksize(1):
                 output_transform(M, y, bias_or_zeros, plan.tiles_h, row0, nrows, tx0, ncols, threads, nonfinite)
         if nonfinite[0]:

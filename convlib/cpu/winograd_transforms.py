@@ -66,7 +66,7 @@ def _parts(total, threads):
 
 
 @njit(inline="always")
-def _part_range(part, parts, total):
+def part_range(part, parts, total):
     """Items ``lo .. hi - 1`` of part ``part`` of ``parts`` (contiguous, sizes differ by <= 1)."""
     return part * total // parts, (part + 1) * total // parts
 
@@ -247,6 +247,34 @@ def _transform_pass_overload(kind, m, interleaved, src, s0, s_j, s_t, dst, d0, d
 
 
 # -- filter transform ---------------------------------------------------------------------------
+def transform_filter(m, w_flat, src, Cg, rows, u_flat, u_off, pos_stride):
+    """``u_flat[u_off + (i*alpha + j)*pos_stride + c] = (G f_c G^T)[i, j]`` for the ``Cg`` filters
+    ``f_c`` (3x3 each) of one output channel, starting at ``w_flat[src]``; computed in float64 in
+    ``rows`` (``>= alpha*3*Cg`` float64 scratch) and rounded once. ``m`` a compile-time constant.
+    Jitted code only."""
+    raise NotImplementedError("jitted code only")
+
+
+@overload(transform_filter, prefer_literal=True, jit_options={"fastmath": {"contract"}})
+def _transform_filter_overload(m, w_flat, src, Cg, rows, u_flat, u_off, pos_stride):
+    if not isinstance(m, types.IntegerLiteral):
+        return None
+    alpha = m.literal_value + 2
+
+    def impl(m, w_flat, src, Cg, rows, u_flat, u_off, pos_stride):
+        zero64 = np.float64(0.0)
+        # G along every filter row (c, r) first, then down the columns: both passes read their
+        # taps 1 apart and their columns 3 apart, which LLVM vectorises as interleaved loads
+        # (columns first read taps 3 and filters 9 apart: gathers, and ResNet-50's 512x512
+        # filters took 2.1-2.6 ms to transform on Zen 5).
+        transform_pass("filter", m, False, w_flat, src, 1, 3, rows, 0, 3 * Cg, 1, 3 * Cg, zero64)
+        for j in range(alpha):  # rows[j, c, r] = (f G^T)[r, j]; then (G f G^T)[i, j]
+            transform_pass("filter", m, False, rows, j * 3 * Cg, 1, 3,
+                           u_flat, u_off + j * pos_stride, alpha * pos_stride, 1, Cg, zero64)
+
+    return impl
+
+
 @functools.lru_cache(maxsize=None)
 def filter_transform_kernel(m: int):
     """The filter transform of F(m x m, 3 x 3) (``m`` is compiled in)."""
@@ -263,11 +291,10 @@ def filter_transform_kernel(m: int):
         Kg = w.shape[0] // groups
         w_flat, u_flat = w.ravel(), U.ravel()
         pos_stride = groups * Kpad * Cg
-        zero64 = np.float64(0.0)
         parts = _parts(groups * Kpad, threads)
         for part in prange(parts):
             rows = np.empty(alpha * 3 * Cg)  # (f G^T)[r, j] for every c, float64
-            gk_lo, gk_hi = _part_range(part, parts, groups * Kpad)
+            gk_lo, gk_hi = part_range(part, parts, groups * Kpad)
             for gk in range(gk_lo, gk_hi):
                 g = gk // Kpad
                 k = gk - g * Kpad
@@ -275,15 +302,7 @@ def filter_transform_kernel(m: int):
                     for pos in range(alpha * alpha):
                         U[pos, g, k, :] = 0
                     continue
-                src = (g * Kg + k) * Cg * 9
-                # G along every filter row (c, r) first, then down the columns: both passes read
-                # their taps 1 apart and their columns 3 apart, which LLVM vectorises as
-                # interleaved loads (columns first read taps 3 and filters 9 apart: gathers, and
-                # ResNet-50's 512x512 filters took 2.1-2.6 ms to transform on Zen 5).
-                transform_pass("filter", m, False, w_flat, src, 1, 3, rows, 0, 3 * Cg, 1, 3 * Cg, zero64)
-                for j in range(alpha):  # rows[j, c, r] = (f G^T)[r, j]; then (G f G^T)[i, j]
-                    transform_pass("filter", m, False, rows, j * 3 * Cg, 1, 3,
-                                   u_flat, j * pos_stride + gk * Cg, alpha * pos_stride, 1, Cg, zero64)
+                transform_filter(m, w_flat, (g * Kg + k) * Cg * 9, Cg, rows, u_flat, gk * Cg, pos_stride)
 
     return filter_transform
 
@@ -357,7 +376,7 @@ def input_transform_kernel(m: int):
             last = np.empty(alpha * alpha * nrows, x.dtype)
             src_main[alpha * L:] = 0
             rows_main[alpha * L:] = 0
-            c_lo, c_hi = _part_range(part, parts, C)
+            c_lo, c_hi = part_range(part, parts, C)
             for c in range(c_lo, c_hi):
                 for r in range(nrows):
                     n, ty = divmod(row0 + r, tiles_h)
@@ -416,7 +435,7 @@ def output_transform_kernel(m: int):
         for part in prange(parts):
             rows = np.empty(alpha * L, y.dtype)
             out = np.empty(m * L, y.dtype)
-            k_lo, k_hi = _part_range(part, parts, K)
+            k_lo, k_hi = part_range(part, parts, K)
             for k in range(k_lo, k_hi):
                 zero = _as_type_of(bias[k], 0.0)
                 # M A: along the tiles of the whole chunk, each tile's m outputs side by side.
