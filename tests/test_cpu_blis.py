@@ -200,3 +200,16 @@ def test_strided_rows_with_table_blocking(stride, dtype, rng):
                           dtype=dtype, has_bias=True)
     x, w, b = random_arrays(rng, problem)
     _check(problem, blis.run(problem, x, w, b), x, w, b)
+
+
+def test_geometry_types_as_numba_would_type_it():
+    # The registered shortcut must give the type numba's own tuple typing infers from the values
+    # (else kernels would compile for a signature no caller reaches, or mistype a field).
+    from numba import typeof
+    from numba.core.typing.typeof import Purpose, _TypeofContext, typeof_impl
+
+    problem = ConvProblem(3, 6, 17, 19, 4, 3, 2, stride=(2, 1), padding=(1, 0, 2, 1), dilation=(1, 2),
+                          groups=2, dtype="float32")
+    geometry = blis.geometry_of(problem)
+    generic = typeof_impl.dispatch(tuple)(geometry, _TypeofContext(Purpose.argument))
+    assert typeof(geometry) == generic == blis.GEOMETRY_TYPE

@@ -54,7 +54,8 @@ import functools
 from collections import namedtuple
 
 import numpy as np
-from numba import get_num_threads, njit, prange
+from numba import get_num_threads, njit, prange, types
+from numba.core.typing.typeof import typeof_impl
 
 from ..core import output_cache
 from ..core.problem import ConvProblem
@@ -68,6 +69,16 @@ ConvGeometry = namedtuple(
     "batch channels height width out_channels filter_h filter_w out_h out_w "
     "stride_h stride_w pad_top pad_left dil_h dil_w groups gemm_m gemm_k gemm_n",
 )
+
+#: Its numba type: 19 int64 fields, what numba's own typeof infers from the values.
+GEOMETRY_TYPE = types.NamedUniTuple(types.int64, len(ConvGeometry._fields), ConvGeometry)
+
+
+@typeof_impl.register(ConvGeometry)
+def _typeof_geometry(value, context):
+    # Without this, every kernel call types the tuple field by field through numba's Python-level
+    # typeof (~15 us a call, 19 dispatches): 0.3 ms of the digits CNN's 1.5 ms training step.
+    return GEOMETRY_TYPE
 
 
 @functools.lru_cache(maxsize=256)
