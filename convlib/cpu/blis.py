@@ -77,7 +77,8 @@ GEOMETRY_TYPE = types.NamedUniTuple(types.int64, len(ConvGeometry._fields), Conv
 @typeof_impl.register(ConvGeometry)
 def _typeof_geometry(value, context):
     # Without this, every kernel call types the tuple field by field through numba's Python-level
-    # typeof (~15 us a call, 19 dispatches): 0.3 ms of the digits CNN's 1.5 ms training step.
+    # typeof (~15 us a call, 19 dispatches; 0.5 us with it): the digits CNN's training step took
+    # 1.59-1.62 ms before, 1.47-1.53 after (Zen 5, examples/train_digits.py).
     return GEOMETRY_TYPE
 
 

@@ -266,16 +266,22 @@ class ChunkPlan:
             for tx0 in range(0, self.tiles_w, self.cols):
                 yield row0, nrows, tx0, min(self.cols, self.tiles_w - tx0)
 
+    def count(self, n_images: int) -> int:
+        """How many chunks :meth:`chunks` yields for ``n_images`` images."""
+        return -(-n_images * self.tiles_h // self.rows) * -(-self.tiles_w // self.cols)
+
 
 def _rows_per_chunk(total_rows: int, tiles_w: int, most: int, NR: int) -> int:
     """Tile rows per chunk, at most ``most`` and at least half of it: the count whose chunks,
     each padded to whole ``NR`` columns, carry the fewest padding tiles through the GEMM (fewer
     chunks on a tie: each streams all of ``U``). ResNet-50's 28x28 layer at batch 8 has 56 rows of
     7 tiles: 14 rows a chunk pad 98 tiles to 128 for ``NR = 32``, 13 rows pad 91 to 96."""
+    def padded(tiles):
+        return -(-tiles // NR) * NR
+
     def padded_total(rows):
-        chunks, last = divmod(total_rows, rows)
-        pad = lambda tiles: -(-tiles // NR) * NR  # noqa: E731
-        return chunks * pad(rows * tiles_w) + (pad(last * tiles_w) if last else 0), -(-total_rows // rows)
+        whole, last = divmod(total_rows, rows)
+        return whole * padded(rows * tiles_w) + padded(last * tiles_w), -(-total_rows // rows)
 
     return min(range(max(1, (most + 1) // 2), most + 1), key=padded_total)
 
@@ -329,7 +335,7 @@ class WinogradAlgorithm(WinogradTile):
         """Whether the call transforms the filters block by block inside the GEMM
         (:func:`fused_filter_gemm_kernel`) instead of into a whole ``U``: when its tiles make one
         chunk, so ``U`` would be read once."""
-        return len(list(plan.chunks(max(problem.N, 1)))) == 1
+        return plan.count(max(problem.N, 1)) == 1
 
     def filter_block_tiles(self, problem) -> int:
         """Register tiles (``MR`` filters each) of one thread's block of transformed filters in
@@ -339,23 +345,26 @@ class WinogradAlgorithm(WinogradTile):
         group_tiles = -(-problem.K_per_group // MR)
         return max(1, min(group_tiles, KNOBS.winograd_filter_block_bytes // per_tile))
 
+    def filter_block_elements(self, problem) -> int:
+        """Elements of one thread's block of transformed filters in the fused pass: ``alpha**2 *
+        MR * Cg`` per register tile of :meth:`filter_block_tiles`."""
+        MR = register_tile(problem.dtype)[0]
+        return self.alpha**2 * self.filter_block_tiles(problem) * MR * problem.C_per_group
+
     def workspace_bytes(self, problem, device=None, *, chunk_bytes: int | None = None) -> int:
         """Bytes allocated beyond x, w, bias and y: the transformed filters plus one chunk's ``V``
         and ``M``.
 
         The filters are ``U``, ``alpha**2 * groups * Kpad * Cg`` elements (``Kpad`` the rows per
         group rounded up to the micro-kernel's ``MR``), or, when they are fused into the GEMM
-        (:meth:`fuses_filters`), one block per thread, ``alpha**2 * MR * Cg`` elements per register
-        tile of :meth:`filter_block_tiles`. ``V`` and ``M`` are ``alpha**2 * (C + K) * Tpad``
+        (:meth:`fuses_filters`), one block per thread (:meth:`filter_block_elements`). ``V`` and ``M`` are ``alpha**2 * (C + K) * Tpad``
         elements, ``Tpad`` the chunk's tiles rounded up to ``NR`` (see :meth:`chunk_plan`). The
         per-thread scratch rows of the transforms (``O(alpha * width of a chunk)``) are not counted.
         """
         plan = self.chunk_plan(problem, chunk_bytes)
         chunk = self.alpha**2 * (problem.C + problem.K) * plan.padded_tiles * problem.itemsize
         if self.fuses_filters(problem, plan):
-            MR = register_tile(problem.dtype)[0]
-            block = self.alpha**2 * self.filter_block_tiles(problem) * MR * problem.C_per_group * problem.itemsize
-            return get_num_threads() * block + chunk
+            return get_num_threads() * self.filter_block_elements(problem) * problem.itemsize + chunk
         return self.filter_bytes(problem) + chunk
 
     def run(self, problem, x, w, bias, device=None):
@@ -376,7 +385,7 @@ class WinogradAlgorithm(WinogradTile):
         fused = self.fuses_filters(problem, plan)
         if fused:
             block_tiles = self.filter_block_tiles(problem)
-            U = _workspace("U", (threads, a2 * block_tiles * MR * problem.C_per_group), dtype)
+            U = _workspace("U", (threads, self.filter_block_elements(problem)), dtype)
         else:
             U = _workspace("U", (a2, problem.groups, -(-Kg // MR) * MR, problem.C_per_group), dtype)
             # Dynamic scheduling (chunks of one part) instead of numba's static split: on a shared
