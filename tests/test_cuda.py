@@ -244,8 +244,8 @@ def test_blis_without_tap_table():
     from convlib.cuda.tables import KNOBS
 
     problem = make_problem("stride-asympad-dilation-groups-bias")
-    assert gemm._tap_table(problem, 4, KNOBS.tap_table_bytes) is not None
-    assert gemm._tap_table(problem, 4, 0) is None
+    assert gemm.build_tap_table(problem, 4, KNOBS.tap_table_bytes) is not None
+    assert gemm.build_tap_table(problem, 4, 0) is None
     x, w, b = random_inputs(problem, seed=12)
     with KNOBS.override(tap_table_bytes=0):
         y = call(problem, x, w, b, "blis")

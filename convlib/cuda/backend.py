@@ -298,6 +298,10 @@ class CudaBackend(Backend):
     dtypes = DTYPES
 
     def widened(self, implementation):
+        """``implementation`` itself where it computes float16 / bfloat16 with kernels of its own
+        (``SERVES_HALF_PRECISIONS``), else its :class:`convlib.cuda.half.Widened` wrapper."""
+        if getattr(implementation, "SERVES_HALF_PRECISIONS", False):
+            return implementation
         from .half import widened
 
         return widened(implementation)

@@ -73,7 +73,6 @@ def gemm_source(key, tile: GemmTile, b_source: str, simulator: bool = False,
     NT = tile.threads
     a_row_step, b_row_step = NT // BK, NT // BN
     M, KK = key.gemm_m, key.gemm_k
-    padded = any(key.padding)
     check_m = M % BM != 0
     check_k = KK % BK != 0
 
@@ -86,40 +85,11 @@ def gemm_source(key, tile: GemmTile, b_source: str, simulator: bool = False,
             cond.append("a_k + k0 < KK")
         load = f"w[a_src + k0 + U({a_row_step * i * KK})]"
         fetch.append(f"a_next_{i} = {load} if {' and '.join(cond)} else zero" if cond else f"a_next_{i} = {load}")
-    tap_table = _tap_table(key, BK, tap_table_bytes) if implicit and key.R * key.S > 1 else None
+    tap_table = build_tap_table(key, BK, tap_table_bytes) if implicit and key.R * key.S > 1 else None
     for i in range(tile.b_per_thread):
         fetch.append(f"k = k0 + b_k + U({b_row_step * i})")
-        cond = ["col_ok"] + (["k < KK"] if check_k and not (tap_table is not None and padded) else [])
-        if implicit and tap_table is not None:
-            # The tap of row k from the constant-memory table (uniform across a warp: a broadcast).
-            fetch += ["k2 = k * U(2)", "delta = I(tap[k2])"]
-            if padded:
-                fetch += [
-                    "shifts = U(tap[k2 + U(1)])",
-                    "ih = ih0 + I(shifts >> U(16))",
-                    "iw = iw0 + I(shifts & U(65535))",
-                ]
-                cond += ["U(ih) < H", "U(iw) < W"]
-                offset = "U(tap_base + delta)"
-            else:
-                offset = "pix_src + U(delta)"
-        elif implicit:
-            if key.R * key.S == 1:
-                fetch.append("c = k")
-                offset = "b_src + c * HW + U(ih0) * W + U(iw0)" if padded else "b_src + c * HW + pix"
-                if padded:
-                    cond.append("inside")
-            else:
-                fetch += ["c = k // RS", "rs = k - c * RS", "r = rs // S", "s = rs - r * S"]
-                if padded:
-                    fetch += ["ih = U(ih0 + I(r * DH))", "iw = U(iw0 + I(s * DW))"]
-                    cond += ["ih < H", "iw < W"]
-                    offset = "b_src + c * HW + ih * W + iw"
-                else:
-                    offset = "b_src + c * HW + pix + r * DHW + s * DW"
-        else:
-            offset = "b_src + k * PQ"
-        fetch.append(f"b_next_{i} = b[{offset}] if {' and '.join(cond)} else zero")
+        fetch += gather_lines(key, tap_table, check_k, f"b_next_{i}", "b") if implicit else [
+            f"b_next_{i} = b[b_src + k * PQ] if col_ok{' and k < KK' if check_k else ''} else zero"]
 
     store = [f"a_stage[a_write + U({a_row_step * i})] = a_next_{i}" for i in range(tile.a_per_thread)]
     store += [f"b_stage[b_write + U({b_row_step * BN * i})] = b_next_{i}" for i in range(tile.b_per_thread)]
@@ -151,19 +121,7 @@ def gemm_source(key, tile: GemmTile, b_source: str, simulator: bool = False,
                 epilogue.append(f"    {store_line}")
 
     if implicit:
-        column_setup = [
-            "p = pq // Q",
-            "q = pq - p * Q",
-            "ih0 = I(p * SH) - TOP",
-            "iw0 = I(q * SW) - LEFT",
-            "b_src = img * CHW + g * CGHW",
-        ]
-        if padded and key.R * key.S == 1:
-            column_setup.append("inside = U(ih0) < H and U(iw0) < W")
-        if not padded:
-            column_setup.append("pix = p * SH * W + q * SW")
-        if tap_table is not None:
-            column_setup.append("tap_base = I(b_src) + ih0 * W_SIGNED + iw0" if padded else "pix_src = b_src + pix")
+        column_setup = image_column_setup(key, tap_table)
     else:
         column_setup = ["b_src = img * GKKPQ + g * KKPQ + pq"]
 
@@ -225,20 +183,88 @@ def gemm(b, w, bias, y, n_images):
 {indent(epilogue, 1)}
 '''
     constants = unsigned_constants(
-        BM=BM, BN=BN, BK=BK, M=M, KK=KK, PQ=key.P * key.Q, Q=key.Q, SH=key.stride[0], SW=key.stride[1],
-        DH=key.dilation[0], DW=key.dilation[1], H=key.H, W=key.W, HW=key.H * key.W, RS=key.R * key.S,
-        S=key.S, CHW=key.C * key.H * key.W, CGHW=key.C_per_group * key.H * key.W,
-        KPQ=key.K * key.P * key.Q, GKKPQ=key.groups * KK * key.P * key.Q, KKPQ=KK * key.P * key.Q,
-        DHW=key.dilation[0] * key.W, ONE=1, K_TILES=-(-KK // BK), THREADS_N=BN // TN,
+        BM=BM, BN=BN, BK=BK, M=M, KK=KK, PQ=key.P * key.Q, KPQ=key.K * key.P * key.Q,
+        GKKPQ=key.groups * KK * key.P * key.Q, KKPQ=KK * key.P * key.Q, ONE=1, K_TILES=-(-KK // BK),
+        THREADS_N=BN // TN,
     )
-    constants.update(
-        TOP=np.int64(key.pad_top), LEFT=np.int64(key.pad_left), dtype=dtype, zero=dtype.type(0),
-        A_STAGE_LEN=2 * BK * BM, B_STAGE_LEN=2 * BK * BN, W_SIGNED=np.int64(key.W), TAP=tap_table,
-    )
+    constants.update(image_constants(key))
+    constants.update(dtype=dtype, zero=dtype.type(0), A_STAGE_LEN=2 * BK * BM, B_STAGE_LEN=2 * BK * BN, TAP=tap_table)
     return source, constants
 
 
-def _tap_table(key, BK: int, limit_bytes: int):
+def gather_lines(key, tap_table, check_k: bool, target: str, array: str, convert: str = "{}",
+                 zero: str = "zero") -> list[str]:
+    """Generated lines that set ``target`` to element ``k`` of the implicit column matrix's
+    current column (``convert`` applied), read from the flat image ``array``; zero outside the
+    padded image, past ``KK`` when ``check_k``, and past the batch (``col_ok``). Expects the
+    names :func:`image_column_setup` defines and ``k``.
+    """
+    padded = any(key.padding)
+    lines = []
+    cond = ["col_ok"] + (["k < KK"] if check_k and not (tap_table is not None and padded) else [])
+    if tap_table is not None:
+        # The tap of row k from the constant-memory table (uniform across a warp: a broadcast).
+        lines += ["k2 = k * U(2)", "delta = I(tap[k2])"]
+        if padded:
+            lines += [
+                "shifts = U(tap[k2 + U(1)])",
+                "ih = ih0 + I(shifts >> U(16))",
+                "iw = iw0 + I(shifts & U(65535))",
+            ]
+            cond += ["U(ih) < H", "U(iw) < W"]
+            offset = "U(tap_base + delta)"
+        else:
+            offset = "pix_src + U(delta)"
+    elif key.R * key.S == 1:
+        lines.append("c = k")
+        offset = "b_src + c * HW + U(ih0) * W + U(iw0)" if padded else "b_src + c * HW + pix"
+        if padded:
+            cond.append("inside")
+    else:
+        lines += ["c = k // RS", "rs = k - c * RS", "r = rs // S", "s = rs - r * S"]
+        if padded:
+            lines += ["ih = U(ih0 + I(r * DH))", "iw = U(iw0 + I(s * DW))"]
+            cond += ["ih < H", "iw < W"]
+            offset = "b_src + c * HW + ih * W + iw"
+        else:
+            offset = "b_src + c * HW + pix + r * DHW + s * DW"
+    load = convert.format(f"{array}[{offset}]")
+    lines.append(f"{target} = {load} if {' and '.join(cond)} else {zero}")
+    return lines
+
+
+def image_column_setup(key, tap_table) -> list[str]:
+    """Generated lines decoding a thread's column of the implicit column matrix (one output
+    pixel ``pq`` of image ``img`` in group ``g``) into what :func:`gather_lines` reads."""
+    padded = any(key.padding)
+    lines = [
+        "p = pq // Q",
+        "q = pq - p * Q",
+        "ih0 = I(p * SH) - TOP",
+        "iw0 = I(q * SW) - LEFT",
+        "b_src = img * CHW + g * CGHW",
+    ]
+    if padded and key.R * key.S == 1:
+        lines.append("inside = U(ih0) < H and U(iw0) < W")
+    if not padded:
+        lines.append("pix = p * SH * W + q * SW")
+    if tap_table is not None:
+        lines.append("tap_base = I(b_src) + ih0 * W_SIGNED + iw0" if padded else "pix_src = b_src + pix")
+    return lines
+
+
+def image_constants(key) -> dict:
+    """The compile-time constants :func:`gather_lines` and :func:`image_column_setup` use."""
+    constants = unsigned_constants(
+        Q=key.Q, SH=key.stride[0], SW=key.stride[1], DH=key.dilation[0], DW=key.dilation[1],
+        H=key.H, W=key.W, HW=key.H * key.W, RS=key.R * key.S, S=key.S, CHW=key.C * key.H * key.W,
+        CGHW=key.C_per_group * key.H * key.W, DHW=key.dilation[0] * key.W,
+    )
+    constants.update(TOP=np.int64(key.pad_top), LEFT=np.int64(key.pad_left), W_SIGNED=np.int64(key.W))
+    return constants
+
+
+def build_tap_table(key, BK: int, limit_bytes: int):
     """Per reduction row ``k = (c, r, s)``: its image offset and its packed row and column shifts.
 
     Two int32 per row: ``c*H*W + r*dh*W + s*dw`` and ``(r*dh << 16) | s*dw``. Decoding ``k``

@@ -30,6 +30,15 @@ else:
     cuda = None
 
 
+def kernel_extension_api():
+    """numba-cuda's ``intrinsic`` decorator and its type module, for :mod:`convlib.cuda.ptx`'s
+    PTX instructions (the one use of numba's extension API in the backend)."""
+    from numba.cuda import types
+    from numba.cuda.extending import intrinsic
+
+    return intrinsic, types
+
+
 def scalar_type(name: str):
     """The numba scalar type ``name`` (``"uint64"``, ``"float32"``, ``"float16"``, ...), for casts
     in kernels."""

@@ -85,6 +85,67 @@ class GemmTile:
 
 
 @dataclass(frozen=True)
+class MmaTile:
+    """One tile of the tensor-core implicit GEMM (:mod:`convlib.cuda.tensor_gemm`).
+
+    A block computes ``BM x BN`` of C with ``(BM // WM) * (BN // WN)`` warps, each a ``WM x WN``
+    warp tile of ``16 x 8`` tensor-core products; it stages ``BKW`` 32-bit words of the
+    reduction per step (``BKW`` taps in TF32, ``2 * BKW`` in half precision).
+    """
+
+    BM: int
+    BN: int
+    BKW: int
+    WM: int
+    WN: int
+
+    @property
+    def warps(self) -> int:
+        return (self.BM // self.WM) * (self.BN // self.WN)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def a_per_thread(self) -> int:
+        return self.BM * self.BKW // self.threads
+
+    @property
+    def b_per_thread(self) -> int:
+        return self.BKW * self.BN // self.threads
+
+    @property
+    def a_stride(self) -> int:
+        """Words between rows of a staged A tile: 4 (mod 8), so that the eight rows a warp's
+        fragment reads fall in distinct banks."""
+        return self.BKW + 4
+
+    @property
+    def b_stride(self) -> int:
+        """Words between rows of a staged B tile: 8 (mod 32) when ``BN`` is a multiple of 32,
+        so that the four rows a fragment reads fall in distinct banks."""
+        return self.BN + 8
+
+    @property
+    def shared_bytes(self) -> int:
+        return 2 * (self.BM * self.a_stride + self.BKW * self.b_stride) * 4
+
+    def check(self) -> "MmaTile":
+        """Raise ``ValueError`` unless the warps tile the block and the loads divide evenly."""
+        t = self.threads
+        ok = (
+            self.WM % 16 == 0 and self.WN % 8 == 0 and self.BM % self.WM == 0 and self.BN % self.WN == 0
+            and self.BKW % 8 == 0 and t % self.BKW == 0 and t % self.BN == 0
+            and (self.BM * self.BKW) % t == 0 and (self.BKW * self.BN) % t == 0
+            and self.shared_bytes <= SHARED_MEMORY_LIMIT
+        )
+        if not ok:
+            raise ValueError(f"{self}: warps do not tile the block, or loads do not divide among {t} threads")
+        return self
+
+
+@dataclass(frozen=True)
 class DirectTile:
     """One direct-convolution tile shape (see the module docstring for the names)."""
 
@@ -133,6 +194,21 @@ _GEMM_TILES = {
     ),
 }
 
+#: Tensor-core tiles per precision, in order of preference (the same rule as ``gemm_tiles``).
+#: Starting points, to be swept on the GPU: 8 warps of 64x32 (64 accumulators per thread) on
+#: 128x128, then smaller blocks for few filters or few pixels.
+_MMA_TILES = {
+    precision: (
+        MmaTile(BM=128, BN=128, BKW=16, WM=64, WN=32),
+        MmaTile(BM=64, BN=128, BKW=16, WM=32, WN=32),
+        MmaTile(BM=128, BN=64, BKW=16, WM=64, WN=32),
+        MmaTile(BM=64, BN=64, BKW=16, WM=32, WN=32),
+        MmaTile(BM=32, BN=128, BKW=16, WM=32, WN=32),
+        MmaTile(BM=16, BN=128, BKW=16, WM=16, WN=32),
+    )
+    for precision in ("tf32", "float16", "bfloat16")
+}
+
 #: Direct tiles per dtype. For float32, 8x256 outputs of 4 channels with 1x8 per thread ran the
 #: seed shape (N=8, C=K=4, 1024x1024, 3x3) fastest of eight tiles on an H200 (docs/gpu.md).
 _DIRECT_TILES = {
@@ -149,6 +225,12 @@ GEMM_ENGINES = ("auto", "own", "cublas")
 KNOBS = KnobTable("cuda", [
     Knob("gemm_tiles", _GEMM_TILES, "GEMM tiles in order of preference (see convlib.cuda.tiles."
          "choose_gemm_tile)", keyed_by=("dtype",)),
+    Knob("mma_tiles", _MMA_TILES, "tensor-core GEMM tiles per precision (tf32, float16, bfloat16) in order "
+         "of preference (see convlib.cuda.tiles.choose_mma_tile)", keyed_by=("precision",)),
+    Knob("mma_tile", None, "an MmaTile every tensor-core launch uses instead of the chosen one (tile sweeps); "
+         "None: chosen per problem"),
+    Knob("simulator_mma_tiles", (MmaTile(BM=16, BN=16, BKW=8, WM=16, WN=8),), "tensor-core tiles under the "
+         "simulator: two warps, several blocks and steps on tiny problems"),
     Knob("direct_tiles", _DIRECT_TILES, "the direct tile, shrunk per problem until its shared memory fits",
          keyed_by=("dtype",)),
     Knob("gemm_tile", None, "a GemmTile every GEMM launch uses instead of the chosen one (tile sweeps); "

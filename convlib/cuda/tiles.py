@@ -3,7 +3,7 @@ the knobs of :data:`convlib.cuda.tables.KNOBS`."""
 
 from __future__ import annotations
 
-from .tables import KNOBS, SHARED_MEMORY_LIMIT, DirectTile, GemmTile
+from .tables import KNOBS, SHARED_MEMORY_LIMIT, DirectTile, GemmTile, MmaTile
 
 
 def _round_up(n: int, m: int) -> int:
@@ -26,8 +26,22 @@ def choose_gemm_tile(problem, multiprocessors: int, simulator: bool = False, nge
     if KNOBS.gemm_tile is not None:
         return KNOBS.gemm_tile.check()
     tiles = KNOBS.simulator_gemm_tiles if simulator else KNOBS.lookup("gemm_tiles", problem.dtype)
+    return _preferred(tiles, problem, multiprocessors, problem.gemm_n if ngemm is None else ngemm)
+
+
+def choose_mma_tile(problem, precision: str, multiprocessors: int, simulator: bool = False) -> MmaTile:
+    """The tensor-core tile for ``problem`` in ``precision`` (``"tf32"``, ``"float16"``,
+    ``"bfloat16"``), by the rule of :func:`choose_gemm_tile`."""
+    if KNOBS.mma_tile is not None:
+        return KNOBS.mma_tile.check()
+    tiles = KNOBS.simulator_mma_tiles if simulator else KNOBS.lookup("mma_tiles", precision)
+    return _preferred(tiles, problem, multiprocessors, problem.gemm_n)
+
+
+def _preferred(tiles, problem, multiprocessors: int, n: int):
+    """The first of ``tiles`` whose BM fits M (rounded up to 16) and that gives every SM two
+    blocks, else the fitting tile with the most blocks."""
     m = _round_up(problem.gemm_m, 16)
-    n = problem.gemm_n if ngemm is None else ngemm
     fitting = [t for t in tiles if t.BM <= m] or [min(tiles, key=lambda t: t.BM)]
 
     def blocks(tile):

@@ -1,0 +1,204 @@
+"""PTX instructions numba-cuda has no name for: the tensor cores' ``mma.sync`` and the conversions
+around it, as numba intrinsics that emit inline PTX, and the same instructions emulated in
+Python for numba-cuda's simulator.
+
+Kernels call them by name from the namespace of their generated source (:mod:`.codegen`):
+:func:`instructions` gives the device intrinsics on a GPU and the emulations under the simulator,
+so one generated kernel runs in both places. Inline PTX keeps the kernel language numba's: no
+CUDA C++ is compiled or linked (``docs/gpu.md`` compares the two ways).
+
+The matrix product of one warp (``m16n8k8`` in TF32, ``m16n8k16`` in float16 / bfloat16, float32
+accumulators) takes its operands in 32-bit *words*: one TF32 value, or two half-precision values
+of consecutive ``k`` (the lower ``k`` in the low 16 bits). In words, both shapes are the same
+16 x 8 by 8 x 8 product, and so are the fragments. With lane ``l``, ``g = l >> 2``, ``t = l & 3``:
+
+========  ===================================================================================
+A (16x8)  ``a0 = A[g][t]``, ``a1 = A[g + 8][t]``, ``a2 = A[g][t + 4]``, ``a3 = A[g + 8][t + 4]``
+B (8x8)   ``b0 = B[t][g]``, ``b1 = B[t + 4][g]``
+C (16x8)  ``c0 = C[g][2t]``, ``c1 = C[g][2t + 1]``, ``c2 = C[g + 8][2t]``, ``c3 = C[g + 8][2t + 1]``
+========  ===================================================================================
+
+(PTX ISA, "Matrix fragments for mma.m16n8k8" and "mma.m16n8k16"; checked on an H100 against
+float64 products, ``docs/gpu.md``.)
+
+Moving to another kernel compiler (numba-cuda-mlir) means rewriting this module's intrinsics,
+which are LLVM IR; :mod:`.launch` hands it numba's extension API.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+#: The precisions of the tensor-core products: the operand type, and float32 accumulation.
+PRECISIONS = ("tf32", "float16", "bfloat16")
+
+#: Elements per 32-bit operand word.
+ELEMENTS_PER_WORD = {"tf32": 1, "float16": 2, "bfloat16": 2}
+
+_MMA = {
+    "tf32": "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+    "float16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+    "bfloat16": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+}
+
+#: Words each lane hands to one product: four of A, then two of B.
+FRAGMENT_WORDS = 6
+
+
+def instructions(simulator: bool) -> dict:
+    """The names generated kernels call: ``mma_tf32``, ``mma_float16``, ``mma_bfloat16`` (each
+    ``(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3)``), ``tf32_word(f32)``,
+    ``float16_bits(f32)``, ``bfloat16_bits(f32)`` (round to nearest even), ``float16_value(bits)``
+    and ``bits_value(u32)`` (a float32 from its bits).
+
+    Under the simulator the three products are ``mma_lane(precision, words, base, lane, c0, c1,
+    c2, c3)``: the kernel first stores each lane's six words at ``words[base + 6 * lane ...]``
+    and synchronises (see :func:`simulated_mma`).
+    """
+    return _simulated() if simulator else _device()
+
+
+@functools.cache
+def _device() -> dict:
+    from llvmlite import ir
+
+    from .launch import kernel_extension_api
+
+    intrinsic, types = kernel_extension_api()
+    f32, i32, i16 = ir.FloatType(), ir.IntType(32), ir.IntType(16)
+
+    def asm(builder, result, operands, text, constraints, args):
+        return builder.call(ir.InlineAsm(ir.FunctionType(result, operands), text, constraints), args)
+
+    def product(precision):
+        # The four accumulators are tied to the results ("0".."3"): NVVM keeps them in place.
+        text = f"{_MMA[precision]} {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$0,$1,$2,$3}};"
+        constraints = "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3"
+        signature = types.UniTuple(types.float32, 4)(*([types.uint32] * 6 + [types.float32] * 4))
+
+        def typer(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            def codegen(context, builder, sig, args):
+                result = asm(builder, ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4, text, constraints, args)
+                values = [builder.extract_value(result, i) for i in range(4)]
+                return context.make_tuple(builder, sig.return_type, values)
+
+            return signature, codegen
+
+        typer.__name__ = f"mma_{precision}"
+        return intrinsic(typer)
+
+    def conversion(name, restype, argtype, result, operand, text, constraints):
+        def typer(typingctx, value):
+            def codegen(context, builder, sig, args):
+                return asm(builder, result, [operand], text, constraints, args)
+
+            return restype(argtype), codegen
+
+        typer.__name__ = name
+        return intrinsic(typer)
+
+    def bits_value_typer(typingctx, bits):
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(args[0], f32)
+
+        return types.float32(types.uint32), codegen
+
+    bits_value_typer.__name__ = "bits_value"
+    table = {f"mma_{p}": product(p) for p in PRECISIONS}
+    table.update(
+        tf32_word=conversion("tf32_word", types.uint32, types.float32, i32, f32,
+                             "cvt.rna.tf32.f32 $0, $1;", "=r,f"),
+        float16_bits=conversion("float16_bits", types.uint16, types.float32, i16, f32,
+                                "cvt.rn.f16.f32 $0, $1;", "=h,f"),
+        bfloat16_bits=conversion("bfloat16_bits", types.uint16, types.float32, i16, f32,
+                                 "cvt.rn.bf16.f32 $0, $1;", "=h,f"),
+        float16_value=conversion("float16_value", types.float32, types.uint16, f32, i16,
+                                 "cvt.f32.f16 $0, $1;", "=f,h"),
+        bits_value=intrinsic(bits_value_typer),
+    )
+    return table
+
+
+# -- the simulator's emulations ---------------------------------------------------------------
+def _as_bits32(value) -> int:
+    return int(np.array(value, dtype=np.float32).view(np.uint32))
+
+
+def _value32(bits) -> float:
+    return float(np.array(int(bits) & 0xFFFFFFFF, dtype=np.uint32).view(np.float32))
+
+
+def simulated_tf32_word(value) -> np.uint32:
+    """``cvt.rna.tf32.f32``: float32 rounded to 10 mantissa bits, ties away from zero, as bits
+    (NaN and infinity kept)."""
+    bits = _as_bits32(value)
+    if (bits & 0x7F800000) == 0x7F800000:
+        return np.uint32(bits)
+    return np.uint32(((bits + 0x1000) & 0xFFFFE000) & 0xFFFFFFFF)
+
+
+def simulated_float16_bits(value) -> np.uint16:
+    return np.array(value, dtype=np.float32).astype(np.float16).view(np.uint16)[()]
+
+
+def simulated_bfloat16_bits(value) -> np.uint16:
+    from ..core.precision import bfloat16_bits
+
+    return bfloat16_bits(np.array([value], dtype=np.float32))[0]
+
+
+def simulated_float16_value(bits) -> np.float32:
+    return np.float32(np.array(int(bits) & 0xFFFF, dtype=np.uint16).view(np.float16))
+
+
+def simulated_bits_value(bits) -> np.float32:
+    return np.float32(_value32(bits))
+
+
+def _word_values(precision: str, word) -> tuple[float, ...]:
+    word = int(word)
+    if precision == "tf32":
+        return (_value32(word),)
+    halves = (word & 0xFFFF, word >> 16)
+    if precision == "float16":
+        return tuple(float(simulated_float16_value(h)) for h in halves)
+    return tuple(_value32(h << 16) for h in halves)
+
+
+def simulated_mma(precision: str, words, base: int, lane: int, c0, c1, c2, c3):
+    """One lane's result of a warp's ``mma.sync``, read from every lane's operand words.
+
+    ``words[base + 6 * l + r]`` holds lane ``l``'s register ``r`` (``a0..a3, b0, b1``); the
+    lanes' layouts are the module docstring's. The products are summed in float64 and rounded
+    once to float32 (the tensor cores' own order and rounding are unspecified within float32).
+    """
+    base, lane = int(base), int(lane)
+    g, t = lane >> 2, lane & 3
+
+    def a(row, k):  # A[row][k], in words
+        return words[base + FRAGMENT_WORDS * ((row % 8) * 4 + k % 4) + (row >= 8) + 2 * (k >= 4)]
+
+    def b(k, col):  # B[k][col], in words
+        return words[base + FRAGMENT_WORDS * (col * 4 + k % 4) + 4 + (k >= 4)]
+
+    out = []
+    for c, row, col in ((c0, g, 2 * t), (c1, g, 2 * t + 1), (c2, g + 8, 2 * t), (c3, g + 8, 2 * t + 1)):
+        total = float(c)
+        for k in range(8):
+            total += sum(x * y for x, y in zip(_word_values(precision, a(row, k)), _word_values(precision, b(k, col))))
+        out.append(np.float32(total))
+    return tuple(out)
+
+
+@functools.cache
+def _simulated() -> dict:
+    return dict(
+        mma_lane=simulated_mma,
+        tf32_word=simulated_tf32_word,
+        float16_bits=simulated_float16_bits,
+        bfloat16_bits=simulated_bfloat16_bits,
+        float16_value=simulated_float16_value,
+        bits_value=simulated_bits_value,
+    )
