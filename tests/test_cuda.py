@@ -404,6 +404,135 @@ def test_half_results_are_float32_sums_rounded_once(algo, dtype):
     assert np.array_equal(got[finite], expected[finite]), f"cuda/{algo}: not float32 sums rounded once"
 
 
+# -- tensor cores (blis on mma.sync) ---------------------------------------------------------------
+# (N, C, H, W, K, R, S, stride, padding, dilation, groups, bias), whether the channels-last kernel
+# serves it in half precision.
+TENSOR_SIMULATOR_CASES = {
+    "tc-groups-asympad-dilation": ((2, 16, 6, 5, 20, 3, 2, (2, 1), (1, 0, 2, 1), (1, 2), 2, True), True),
+    "tc-1x1-stride2": ((2, 8, 5, 5, 5, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1, True), True),
+    "tc-long-reduction-odd-K": ((1, 24, 4, 4, 17, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, False), True),
+    "tc-odd-channels-nchw": ((2, 5, 6, 5, 6, 3, 2, (1, 1), (1, 0, 0, 1), (1, 1), 1, True), False),
+}
+TENSOR_GPU_CASES = {
+    **TENSOR_SIMULATOR_CASES,
+    "tc-resnet-3x3": ((4, 64, 28, 28, 128, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True), True),
+    "tc-1x1-deep-odd-K": ((2, 256, 14, 14, 130, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1, False), True),
+    "tc-stem-7x7-s2": ((2, 3, 45, 38, 64, 7, 7, (2, 2), (3, 3, 3, 3), (1, 1), 1, True), False),
+    "tc-many-tiles-odd": ((3, 20, 37, 45, 70, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True), False),
+}
+TENSOR_CASES = TENSOR_GPU_CASES if STATE == "gpu" else TENSOR_SIMULATOR_CASES
+#: TF32 keeps 10 of float32's 23 mantissa bits: errors of a few 1e-4 (cuDNN's TF32: 2.9e-4 on
+#: ResNet-50's layers, docs/gpu.md); below 2e-5 the products were not rounded at all.
+TF32_RANGE = (2e-5, 3e-3)
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", list(TENSOR_CASES))
+@pytest.mark.parametrize("precision", ["tf32", "float16", "bfloat16"])
+def test_tensor_cores_match_reference(precision, case, poisoned_outputs):
+    """blis on tensor cores, by both of its kernels (channels-last where each group's channels
+    fill 16-byte chunks, NCHW gathers elsewhere): within half an ulp of the exact result of the
+    half inputs, or within TF32's range when ``allow_tf32`` asks for TF32; inputs kept."""
+    from convlib.cuda import blis
+    from convlib.cuda.tensor_gemm import channels_last_eligible
+
+    shape, half_channels_last = TENSOR_CASES[case]
+    dtype = "float32" if precision == "tf32" else precision
+    if dtype == "bfloat16" and host_bfloat16() is None:
+        pytest.skip("bfloat16 host arrays need ml_dtypes")
+    N, C, H, W, K, R, S, stride, padding, dilation, groups, bias = shape
+    problem = ConvProblem(N, C, H, W, K, R, S, stride, padding, dilation, groups, dtype, bias)
+    if precision != "tf32":
+        assert channels_last_eligible(problem, precision) == half_channels_last
+    x, w, b = random_inputs(problem, seed=23)
+    copies = [a.copy() for a in (x, w, b) if a is not None]
+    y = convlib.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups, algo="blis",
+                       device="cuda", allow_tf32=precision == "tf32")
+    assert y.dtype == x.dtype and y.shape == problem.y_shape
+    err = relative_error(y, conv2d_reference_for(problem, x, w, b))
+    if precision == "tf32":
+        assert TF32_RANGE[0] < err < TF32_RANGE[1], f"TF32 error {err:.2e} outside {TF32_RANGE}"
+    else:
+        assert err <= TOLERANCE[dtype], f"blis {precision} {problem.describe()}: relative error {err:.3e}"
+    for original, copy in zip((a for a in (x, w, b) if a is not None), copies):
+        assert np.array_equal(original.view(np.uint8), copy.view(np.uint8)), "an input was modified"
+    expected_workspace = 0
+    if channels_last_eligible(problem, precision):
+        itemsize = 4 if precision == "tf32" else 2
+        expected_workspace = itemsize * (x.size + w.size)
+    with convlib.option_context(allow_tf32=precision == "tf32"):
+        assert blis.workspace_bytes(problem) == expected_workspace
+
+
+@needs_cuda
+def test_half_precision_blis_runs_natively():
+    """float16 / bfloat16 blis is the module itself (tensor cores), not a float32 twin behind
+    widening copies; the other algorithms keep the widening wrapper."""
+    from convlib.cuda import blis
+    from convlib.cuda.half import Widened
+    from convlib.dispatch.plan import make_plan
+
+    problem = ConvProblem(1, 8, 6, 6, 8, 3, 3, dtype="float16")
+    assert make_plan("conv2d", problem, "cuda", "blis").implementation is blis
+    assert isinstance(make_plan("conv2d", problem, "cuda", "im2col").implementation, Widened)
+
+
+def test_simulated_mma_is_the_documented_fragment_layout():
+    """The simulator's warp product, fed the fragments the PTX layout prescribes for random A
+    (16 x 8 words) and B (8 x 8 words), gives each lane its elements of C + A @ B; in half
+    precision each word is two consecutive k. (On a GPU the contract tests check the hardware
+    against the same layout.)"""
+    from convlib.cuda.ptx import FRAGMENT_WORDS, simulated_mma
+
+    rng = np.random.default_rng(3)
+    for precision, halves in (("tf32", 1), ("float16", 2), ("bfloat16", 2)):
+        if precision == "tf32":
+            a = rng.standard_normal((16, 8)).astype(np.float32)
+            b = rng.standard_normal((8, 8)).astype(np.float32)
+            a_words, b_words = a.view(np.uint32), b.view(np.uint32)
+        else:
+            a = rng.standard_normal((16, 16)).astype(np.float32)
+            b = rng.standard_normal((16, 8)).astype(np.float32)
+            if precision == "float16":
+                a, b = a.astype(np.float16).astype(np.float32), b.astype(np.float16).astype(np.float32)
+                bits_a, bits_b = a.astype(np.float16).view(np.uint16), b.astype(np.float16).view(np.uint16)
+            else:
+                from convlib.core.precision import bfloat16_bits, from_bfloat16_bits
+
+                bits_a, bits_b = bfloat16_bits(a), bfloat16_bits(b)
+                a, b = from_bfloat16_bits(bits_a), from_bfloat16_bits(bits_b)
+            a_words = bits_a[:, 0::2].astype(np.uint32) | (bits_a[:, 1::2].astype(np.uint32) << 16)
+            b_words = bits_b[0::2, :].astype(np.uint32) | (bits_b[1::2, :].astype(np.uint32) << 16)
+        c = rng.standard_normal((16, 8)).astype(np.float32)
+        words = np.zeros(32 * FRAGMENT_WORDS, np.uint32)
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            words[lane * FRAGMENT_WORDS:(lane + 1) * FRAGMENT_WORDS] = [
+                a_words[g, t], a_words[g + 8, t], a_words[g, t + 4], a_words[g + 8, t + 4], b_words[t, g], b_words[t + 4, g]]
+        expected = c.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            cells = [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)]
+            d = simulated_mma(precision, words, 0, lane, *(c[cell] for cell in cells))
+            np.testing.assert_allclose(d, [expected[cell] for cell in cells], rtol=1e-6, atol=1e-5)
+        assert halves in (1, 2)
+
+
+def test_simulated_tf32_rounding():
+    """``cvt.rna.tf32.f32`` as the simulator does it: 10 mantissa bits, ties away from zero,
+    infinity and NaN kept."""
+    from convlib.cuda.ptx import simulated_tf32_word
+
+    def value(x):
+        return float(np.array(simulated_tf32_word(np.float32(x)), np.uint32).view(np.float32))
+
+    assert value(1 + 2**-11) == 1 + 2**-10  # a tie: away from zero
+    assert value(-(1 + 2**-11)) == -(1 + 2**-10)
+    assert value(1 + 2**-12) == 1.0
+    assert value(1 + 3 * 2**-12) == 1 + 2**-10
+    assert value(np.inf) == np.inf and np.isnan(value(np.nan))
+
+
 @needs_cuda
 @pytest.mark.parametrize("dtype", HALVES)
 def test_half_precision_backward_passes(dtype):

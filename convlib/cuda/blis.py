@@ -28,7 +28,9 @@ from .tables import KNOBS
 from .tiles import choose_gemm_tile, choose_mma_tile
 from .gemm import IMAGE, gemm_kernel, gemm_launch_shape, shape_key
 from .launch import MAX_GRID_Y, flat, placeholder_bias
-from .tensor_gemm import mma_kernel, mma_launch_shape, precision_of
+from .tensor_gemm import (channels_last_eligible, layout_kernels, mma_kernel, mma_launch_shape,
+                          precision_of)
+from .ptx import ELEMENTS_PER_WORD
 
 #: float16 and bfloat16 problems are computed by this module's own kernels (tensor cores), not
 #: through float32 copies (:meth:`convlib.cuda.backend.CudaBackend.widened`).
@@ -43,8 +45,14 @@ def supports(problem) -> str | None:
 
 
 def workspace_bytes(problem, device=None) -> int:
-    """None at all: tiles of B are gathered from the image into shared memory."""
-    return 0
+    """None on FMAs: tiles of B are gathered from the image into shared memory. On tensor cores,
+    the channels-last copies of the image and the filters where that kernel serves the problem
+    (:func:`convlib.cuda.tensor_gemm.channels_last_eligible`)."""
+    precision = precision_of(problem.dtype, options.allow_tf32)
+    if precision is None or not channels_last_eligible(problem, precision):
+        return 0
+    itemsize = 4 if precision == "tf32" else 2
+    return itemsize * (problem.N * problem.C * problem.H * problem.W + problem.K * problem.gemm_k)
 
 
 def run(problem, x, w, bias, device):
@@ -55,15 +63,34 @@ def run(problem, x, w, bias, device):
         if problem.N == 0:
             return y
         precision = precision_of(problem.dtype, options.allow_tf32)
-        kernel, grid, block = _plan(problem, precision, target.multiprocessors, target.simulator, KNOBS.state())
-        if precision in ("float16", "bfloat16"):
-            # The kernels read and write half values as their bits.
-            b = _bits(bias) if bias is not None else placeholder_bias("uint16", target)
-            kernel[grid, block, target.stream](_bits(flat(x)), _bits(flat(w)), b, _bits(flat(y)), problem.N)
+        kernel, grid, block, layout = _plan(problem, precision, target.multiprocessors, target.simulator, KNOBS.state())
+        half = precision in ("float16", "bfloat16")
+        # The tensor-core kernels read and write half values as their bits.
+        bits = _bits if half else (lambda arr: arr)
+        b = bits(bias) if bias is not None else placeholder_bias("uint16" if half else problem.dtype, target)
+        if layout is None:
+            operands = bits(flat(x)), bits(flat(w))
         else:
-            b = bias if bias is not None else placeholder_bias(problem.dtype, target)
-            kernel[grid, block, target.stream](flat(x), flat(w), b, flat(y), problem.N)
+            operands = _channels_last_operands(problem, precision, layout, bits(flat(x)), bits(flat(w)), target)
+        kernel[grid, block, target.stream](*operands, b, bits(flat(y)), problem.N)
     return y
+
+
+def _channels_last_operands(problem, precision: str, layout, x, w, target):
+    """The image as NHWC words and the filters as ``(K, R, S, C/groups)`` words, for the
+    channels-last tensor-core kernel (TF32 rounded on the way)."""
+    to_channels_last, filters_channels_last = layout
+    words = (lambda n: target.empty((n,), np.float32).view(np.uint32)) if precision == "tf32" else (
+        lambda n: _bits(target.empty((n,), problem.dtype)))
+    epw = ELEMENTS_PER_WORD[precision]
+    xt, wt = words(x.size), words(w.size)
+    hw = problem.H * problem.W
+    grid = (-(-hw // 32), -(-problem.C // 32), min(problem.N, MAX_GRID_Y))
+    to_channels_last[grid, (32, 8), target.stream](x, xt, problem.N)
+    threads = 256
+    filters_channels_last[-(-w.size // threads), threads, target.stream](w, wt)
+    as_words = (lambda a: a) if epw == 1 else (lambda a: a.view(np.uint32))
+    return as_words(xt), as_words(wt)
 
 
 def _bits(arr):
@@ -73,14 +100,17 @@ def _bits(arr):
 
 @functools.lru_cache(maxsize=256)
 def _plan(problem, precision, multiprocessors: int, simulator: bool, knobs: tuple):
-    """Kernel and launch shape for ``problem`` on tensor cores in ``precision`` (None: the FP32
-    FMA kernel); cached on the knob overrides in force, ``knobs``: the host cost of a repeated
+    """Kernel, launch shape and the channels-last layout kernels (None when the kernel reads
+    NCHW) for ``problem`` on tensor cores in ``precision`` (None: the FP32 FMA kernel); cached on the knob overrides in force, ``knobs``: the host cost of a repeated
     call is the launch."""
+    key = shape_key(problem)
     if precision is not None:
         tile = choose_mma_tile(problem, precision, multiprocessors, simulator)
-        kernel = mma_kernel(shape_key(problem), tile, precision, simulator, KNOBS.tap_table_bytes)
-        return (kernel, *mma_launch_shape(problem, tile, problem.N))
+        channels_last = channels_last_eligible(problem, precision)
+        kernel = mma_kernel(key, tile, precision, channels_last, simulator, KNOBS.tap_table_bytes)
+        layout = layout_kernels(key, precision, simulator) if channels_last else None
+        return (kernel, *mma_launch_shape(problem, tile, problem.N), layout)
     tile = choose_gemm_tile(problem, multiprocessors, simulator)
-    kernel = gemm_kernel(shape_key(problem), tile, IMAGE, simulator, KNOBS.tap_table_bytes)
+    kernel = gemm_kernel(key, tile, IMAGE, simulator, KNOBS.tap_table_bytes)
     grid, block = gemm_launch_shape(problem, tile, problem.N)
-    return kernel, grid, block
+    return kernel, grid, block, None

@@ -51,7 +51,9 @@ def instructions(simulator: bool) -> dict:
     """The names generated kernels call: ``mma_tf32``, ``mma_float16``, ``mma_bfloat16`` (each
     ``(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3)``), ``tf32_word(f32)``,
     ``float16_bits(f32)``, ``bfloat16_bits(f32)`` (round to nearest even), ``float16_value(bits)``
-    and ``bits_value(u32)`` (a float32 from its bits).
+    and ``bits_value(u32)`` (a float32 from its bits); ``load4(array, i)`` and ``store4(array, i,
+    w0, w1, w2, w3)``: four uint32 words at ``array[i:i + 4]`` in one 16-byte access (``i`` a
+    multiple of 4 and the array 16-byte aligned: the caller's promise).
 
     Under the simulator the three products are ``mma_lane(precision, words, base, lane, c0, c1,
     c2, c3)``: the kernel first stores each lane's six words at ``words[base + 6 * lane ...]``
@@ -106,6 +108,30 @@ def _device() -> dict:
         return types.float32(types.uint32), codegen
 
     bits_value_typer.__name__ = "bits_value"
+
+    def word_pointer(context, builder, array_type, array, index):
+        data = context.make_array(array_type)(context, builder, array).data
+        return builder.bitcast(builder.gep(data, [index]), ir.VectorType(i32, 4).as_pointer())
+
+    def load4_typer(typingctx, array, index):
+        def codegen(context, builder, sig, args):
+            vector = builder.load(word_pointer(context, builder, sig.args[0], *args), align=16)
+            words = [builder.extract_element(vector, ir.Constant(i32, j)) for j in range(4)]
+            return context.make_tuple(builder, sig.return_type, words)
+
+        return types.UniTuple(types.uint32, 4)(array, types.uint64), codegen
+
+    def store4_typer(typingctx, array, index, w0, w1, w2, w3):
+        def codegen(context, builder, sig, args):
+            vector = ir.Constant(ir.VectorType(i32, 4), None)
+            for j, word in enumerate(args[2:]):
+                vector = builder.insert_element(vector, word, ir.Constant(i32, j))
+            builder.store(vector, word_pointer(context, builder, sig.args[0], args[0], args[1]), align=16)
+            return context.get_dummy_value()
+
+        return types.none(array, types.uint64, *([types.uint32] * 4)), codegen
+
+    load4_typer.__name__, store4_typer.__name__ = "load4", "store4"
     table = {f"mma_{p}": product(p) for p in PRECISIONS}
     table.update(
         tf32_word=conversion("tf32_word", types.uint32, types.float32, i32, f32,
@@ -117,6 +143,8 @@ def _device() -> dict:
         float16_value=conversion("float16_value", types.float32, types.uint16, f32, i16,
                                  "cvt.f32.f16 $0, $1;", "=f,h"),
         bits_value=intrinsic(bits_value_typer),
+        load4=intrinsic(load4_typer),
+        store4=intrinsic(store4_typer),
     )
     return table
 
@@ -192,9 +220,24 @@ def simulated_mma(precision: str, words, base: int, lane: int, c0, c1, c2, c3):
     return tuple(out)
 
 
+def simulated_load4(array, index):
+    index = int(index)
+    assert index % 4 == 0, f"load4 at word {index}: not 16-byte aligned"
+    return tuple(np.uint32(array[index + j]) for j in range(4))
+
+
+def simulated_store4(array, index, w0, w1, w2, w3):
+    index = int(index)
+    assert index % 4 == 0, f"store4 at word {index}: not 16-byte aligned"
+    for j, word in enumerate((w0, w1, w2, w3)):
+        array[index + j] = word
+
+
 @functools.cache
 def _simulated() -> dict:
     return dict(
+        load4=simulated_load4,
+        store4=simulated_store4,
         mma_lane=simulated_mma,
         tf32_word=simulated_tf32_word,
         float16_bits=simulated_float16_bits,

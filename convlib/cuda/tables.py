@@ -129,7 +129,9 @@ class MmaTile:
 
     @property
     def shared_bytes(self) -> int:
-        return 2 * (self.BM * self.a_stride + self.BKW * self.b_stride) * 4
+        """Both stages of A and B, B staged either way (``[k][n]`` or, channels-last, ``[n][k]``
+        with A's stride)."""
+        return 2 * (self.BM * self.a_stride + max(self.BKW * self.b_stride, self.BN * self.a_stride)) * 4
 
     def check(self) -> "MmaTile":
         """Raise ``ValueError`` unless the warps tile the block and the loads divide evenly."""
@@ -138,6 +140,8 @@ class MmaTile:
             self.WM % 16 == 0 and self.WN % 8 == 0 and self.BM % self.WM == 0 and self.BN % self.WN == 0
             and self.BKW % 8 == 0 and t % self.BKW == 0 and t % self.BN == 0
             and (self.BM * self.BKW) % t == 0 and (self.BKW * self.BN) % t == 0
+            # the channels-last kernel's 16-byte chunks (four words) too
+            and t % (self.BKW // 4) == 0 and (self.BM * self.BKW // 4) % t == 0 and (self.BN * self.BKW // 4) % t == 0
             and self.shared_bytes <= SHARED_MEMORY_LIMIT
         )
         if not ok:
@@ -204,7 +208,6 @@ _MMA_TILES = {
         MmaTile(BM=128, BN=64, BKW=16, WM=64, WN=32),
         MmaTile(BM=64, BN=64, BKW=16, WM=32, WN=32),
         MmaTile(BM=32, BN=128, BKW=16, WM=32, WN=32),
-        MmaTile(BM=16, BN=128, BKW=16, WM=16, WN=32),
     )
     for precision in ("tf32", "float16", "bfloat16")
 }
@@ -229,7 +232,7 @@ KNOBS = KnobTable("cuda", [
          "of preference (see convlib.cuda.tiles.choose_mma_tile)", keyed_by=("precision",)),
     Knob("mma_tile", None, "an MmaTile every tensor-core launch uses instead of the chosen one (tile sweeps); "
          "None: chosen per problem"),
-    Knob("simulator_mma_tiles", (MmaTile(BM=16, BN=16, BKW=8, WM=16, WN=8),), "tensor-core tiles under the "
+    Knob("simulator_mma_tiles", (MmaTile(BM=16, BN=16, BKW=16, WM=16, WN=8),), "tensor-core tiles under the "
          "simulator: two warps, several blocks and steps on tiny problems"),
     Knob("direct_tiles", _DIRECT_TILES, "the direct tile, shrunk per problem until its shared memory fits",
          keyed_by=("dtype",)),

@@ -89,58 +89,8 @@ def mma_source(key, tile: MmaTile, precision: str, simulator: bool = False,
     store = [f"a_stage[a_write + U({a_row_step * i * AS})] = a_next_{i}" for i in range(tile.a_per_thread)]
     store += [f"b_stage[b_write + U({b_row_step * i * BS})] = b_next_{i}" for i in range(tile.b_per_thread)]
 
-    multiply = []
-    for ks in range(BKW // 8):
-        for mi in range(MT):
-            base = mi * 16 * AS + ks * 8
-            for r, offset in enumerate((0, 8 * AS, 4, 8 * AS + 4)):
-                multiply.append(f"a{mi}_{r} = a_stage[a_read + U({base + offset})]")
-        for nj in range(NT):
-            base = ks * 8 * BS + nj * 8
-            for r, offset in enumerate((0, 4 * BS)):
-                multiply.append(f"b{nj}_{r} = b_stage[b_read + U({base + offset})]")
-        for mi in range(MT):
-            for nj in range(NT):
-                acc = ", ".join(f"acc_{mi}_{nj}_{r}" for r in range(4))
-                operands = ", ".join([f"a{mi}_{r}" for r in range(4)] + [f"b{nj}_{r}" for r in range(2)])
-                if simulator:
-                    multiply += [f"words[lane_words + U({r})] = {op}" for r, op in enumerate(operands.split(", "))]
-                    multiply += ["cuda.syncthreads()",
-                                 f"{acc} = mma_lane(PRECISION, words, warp_words, lane, {acc})",
-                                 "cuda.syncthreads()"]
-                else:
-                    multiply.append(f"{acc} = mma_{precision}({operands}, {acc})")
-
-    if precision == "float16":
-        bias_value, result = "float16_value(bias[{}])", "float16_bits({})"
-    elif precision == "bfloat16":
-        bias_value, result = "bits_value(U32(bias[{}]) << U32(16))", "bfloat16_bits({})"
-    else:
-        bias_value, result = "bias[{}]", "{}"
-    epilogue = []
-    for mi in range(MT):
-        for h in range(2):
-            row = 16 * mi + 8 * h
-            guard = f"m_row + U({row}) < M_LEFT" if check_m else "True"
-            value = bias_value.format(f"bias_row + U({row})") if key.has_bias else "zero"
-            epilogue.append(f"bias_{mi}_{h} = {value} if {guard} else zero")
-    for nj in range(NT):
-        for cc in range(2):
-            epilogue += [
-                f"n = n_col + U({8 * nj + cc})",
-                "if n < ngemm:",
-                "    img = n // PQ",
-                "    out = img * KPQ + out_rows + (n - img * PQ)",
-            ]
-            for mi in range(MT):
-                for h in range(2):
-                    row = 16 * mi + 8 * h
-                    value = result.format(f"acc_{mi}_{nj}_{2 * h + cc} + bias_{mi}_{h}")
-                    line = f"y[out + U({row * key.P * key.Q})] = {value}"
-                    if check_m:
-                        epilogue += [f"    if m_row + U({row}) < M_LEFT:", f"        {line}"]
-                    else:
-                        epilogue.append(f"    {line}")
+    multiply = _products(tile, precision, simulator, b_rows_are_pixels=False)
+    epilogue = _epilogue(key, tile, precision, check_m)
 
     align = "" if simulator else ", alignment=16"
     exchange = ""
@@ -217,30 +167,311 @@ def mma_gemm(b, w, bias, y, n_images):
         A_STRIDE=AS, B_STRIDE=BS, A_STAGE=BM * AS, B_STAGE=BKW * BS,
     )
     constants.update(image_constants(key))
-    constants.update(
-        uint32=np.uint32, zero=np.float32(0), ZERO32=np.uint32(0), PRECISION=precision,
-        A_STAGE_LEN=2 * BM * AS, B_STAGE_LEN=2 * BKW * BS, TAP=tap_table,
-    )
-    if not simulator:
-        constants["uint32"] = scalar_type("uint32")
-    constants["U32"] = constants["uint32"]
-    constants.update(instructions(simulator))
+    constants.update(_word_constants(simulator, precision))
+    constants.update(A_STAGE_LEN=2 * BM * AS, B_STAGE_LEN=2 * BKW * BS, TAP=tap_table)
     return source, constants
 
 
+def channels_last_eligible(problem, precision: str) -> bool:
+    """Whether the channels-last kernel serves ``problem``: each group's channels fill whole
+    16-byte chunks (4 float32 or 8 half channels). Every :class:`~convlib.cuda.tables.MmaTile`
+    that passes its ``check`` divides its chunks among its threads."""
+    return problem.C_per_group % (4 * ELEMENTS_PER_WORD[precision]) == 0
+
+
+def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = False) -> tuple[str, dict]:
+    """The channels-last kernel's source and constants.
+
+    Its operands come prepared (:func:`layout_kernels`): the image as NHWC words and the filters
+    as ``(K, R, S, C/groups)`` words, TF32 already rounded. The reduction runs over ``k = (r, s,
+    c)``, so a 16-byte chunk of four words is four (TF32) or eight (half) channels of one pixel
+    and one tap: one aligned vector load, one tap decode and one bounds check per chunk, where the
+    NCHW kernel pays a load, a decode and a check per element. B is staged ``[n][k word]`` with
+    A's stride, so its fragments read like A's.
+    """
+    epw = ELEMENTS_PER_WORD[precision]
+    BM, BN, BKW = tile.BM, tile.BN, tile.BKW
+    AS = tile.a_stride
+    CPR = BKW // 4  # chunks per staged row
+    threads = tile.threads
+    row_step = threads // CPR
+    a_chunks, b_chunks = BM * CPR // threads, BN * CPR // threads
+    M = key.gemm_m
+    CGW = key.C_per_group // epw
+    KKW = key.R * key.S * CGW
+    padded = any(key.padding)
+    check_m = M % BM != 0
+    check_k = KKW % BKW != 0
+
+    fetch = ["kw = k0w + j4", "tap = kw // CGW", "cw = kw - tap * CGW", "r = tap // S", "s = tap - r * S",
+             "ih_shift = I(r * DH)", "iw_shift = I(s * DW)"]
+    for i in range(a_chunks):
+        cond = ([f"a_row + U({row_step * i}) < M_LEFT"] if check_m else []) + (["kw < KKW"] if check_k else [])
+        words = ", ".join(f"a_next_{i}_{j}" for j in range(4))
+        load = f"{words} = load4(w, (a_src + U({row_step * i})) * KKW + kw)"
+        if cond:
+            fetch += [f"if {' and '.join(cond)}:", f"    {load}", "else:",
+                      f"    {' = '.join(f'a_next_{i}_{j}' for j in range(4))} = ZERO32"]
+        else:
+            fetch.append(load)
+    for i in range(b_chunks):
+        cond = [f"col_ok_{i}"] + (["kw < KKW"] if check_k else [])
+        fetch += [f"ih = ih0_{i} + ih_shift", f"iw = iw0_{i} + iw_shift"]
+        if padded:
+            cond += ["U(ih) < H", "U(iw) < W"]
+        words = ", ".join(f"b_next_{i}_{j}" for j in range(4))
+        fetch += [f"if {' and '.join(cond)}:",
+                  f"    {words} = load4(b, pix_{i} + (U(ih) * W + U(iw)) * CW + cw)",
+                  "else:",
+                  f"    {' = '.join(f'b_next_{i}_{j}' for j in range(4))} = ZERO32"]
+    store = [f"store4(a_stage, a_write + U({row_step * i * AS}), {', '.join(f'a_next_{i}_{j}' for j in range(4))})"
+             for i in range(a_chunks)]
+    store += [f"store4(b_stage, b_write + U({row_step * i * AS}), {', '.join(f'b_next_{i}_{j}' for j in range(4))})"
+              for i in range(b_chunks)]
+    columns = []
+    for i in range(b_chunks):
+        columns += [
+            f"n = n0 + b_row + U({row_step * i})",
+            f"col_ok_{i} = n < ngemm",
+            "img = n // PQ",
+            "pq = n - img * PQ",
+            "p = pq // Q",
+            "q = pq - p * Q",
+            f"ih0_{i} = I(p * SH) - TOP",
+            f"iw0_{i} = I(q * SW) - LEFT",
+            f"pix_{i} = img * HWCW + g * CGW",
+        ]
+    multiply = _products(tile, precision, simulator, b_rows_are_pixels=True)
+    epilogue = _epilogue(key, tile, precision, check_m)
+    MT, NT = tile.WM // 16, tile.WN // 8
+    align = "" if simulator else ", alignment=16"
+    exchange = ""
+    if simulator:
+        exchange = (f"    words = cuda.shared.array({tile.warps * 32 * FRAGMENT_WORDS}, uint32)\n"
+                    f"    warp_words = warp * U({32 * FRAGMENT_WORDS})\n"
+                    f"    lane_words = warp_words + lane * U({FRAGMENT_WORDS})\n")
+    source = f'''
+def mma_gemm(b, w, bias, y, n_images):
+    # IN b: the image as NHWC words (N*H*W*C/EPW); IN w: filters as (K, R, S, C/groups) words;
+    # IN bias (K,); OUT y (N*K*P*Q)
+    a_stage = cuda.shared.array(A_STAGE_LEN, uint32{align})   # 2 stages x BM rows x A_STRIDE words
+    b_stage = cuda.shared.array(B_STAGE_LEN, uint32{align})   # 2 stages x BN pixels x A_STRIDE words
+    tid = U(cuda.threadIdx.x)
+    n0 = U(cuda.blockIdx.x) * BN
+    m0 = U(cuda.blockIdx.y) * BM
+    g = U(cuda.blockIdx.z)
+    ngemm = U(n_images) * PQ
+    M_LEFT = M - m0
+    lane = tid % U(32)
+    warp = tid // U(32)
+    lg = lane >> U(2)
+    lt = lane & U(3)
+{exchange}    warp_m = (warp // WARPS_N) * WM
+    warp_n = (warp % WARPS_N) * WN
+    # This thread's chunks of each step: chunk j4/4 of rows a_row + {row_step}*i of A and of
+    # pixels b_row + {row_step}*i of B.
+    j4 = (tid % CPR) * U(4)
+    a_row = tid // CPR
+    b_row = a_row
+    a_src = g * M + m0 + a_row
+    a_store = a_row * A_STRIDE + j4
+    b_store = b_row * A_STRIDE + j4
+{indent(columns, 1)}
+{indent([f"acc_{mi}_{nj}_{r} = zero" for mi in range(MT) for nj in range(NT) for r in range(4)], 1)}
+    k0w = U(0)
+{indent(fetch, 1)}
+    a_write = a_store
+    b_write = b_store
+{indent(store, 1)}
+    cuda.syncthreads()
+    for kt in range(K_TILES):
+        has_next = kt + ONE < K_TILES
+        if has_next:
+            k0w = (kt + ONE) * BKW
+{indent(fetch, 3)}
+        stage = kt & ONE
+        a_read = stage * A_STAGE + (warp_m + lg) * A_STRIDE + lt
+        b_read = stage * B_STAGE + (warp_n + lg) * A_STRIDE + lt
+{indent(multiply, 2)}
+        if has_next:
+            a_write = (stage ^ ONE) * A_STAGE + a_store
+            b_write = (stage ^ ONE) * B_STAGE + b_store
+{indent(store, 3)}
+        cuda.syncthreads()
+    m_row = warp_m + lg
+    bias_row = g * M + m0 + m_row
+    out_rows = (g * M + m0 + m_row) * PQ
+    n_col = n0 + warp_n + lt * U(2)
+{indent(epilogue, 1)}
+'''
+    constants = unsigned_constants(
+        BM=BM, BN=BN, BKW=BKW, WM=tile.WM, WN=tile.WN, WARPS_N=BN // tile.WN, M=M, KKW=KKW, CGW=CGW,
+        CW=key.C // epw, HWCW=key.H * key.W * key.C // epw, CPR=CPR, PQ=key.P * key.Q,
+        KPQ=key.K * key.P * key.Q, ONE=1, K_TILES=-(-KKW // BKW), A_STRIDE=AS, A_STAGE=BM * AS, B_STAGE=BN * AS,
+    )
+    constants.update(image_constants(key))
+    constants.update(_word_constants(simulator, precision))
+    constants.update(A_STAGE_LEN=2 * BM * AS, B_STAGE_LEN=2 * BN * AS)
+    return source, constants
+
+
+def _word_constants(simulator: bool, precision: str) -> dict:
+    """Names every tensor-core kernel's source uses: word and float types, zeros, the
+    instructions (:func:`convlib.cuda.ptx.instructions`)."""
+    uint32 = np.uint32 if simulator else scalar_type("uint32")
+    constants = dict(uint32=uint32, U32=uint32, zero=np.float32(0), ZERO32=np.uint32(0), PRECISION=precision)
+    constants.update(instructions(simulator))
+    return constants
+
+
 @functools.lru_cache(maxsize=None)
-def mma_kernel(key, tile: MmaTile, precision: str, simulator: bool = False, tap_table_bytes: int = 0):
+def layout_kernels(key, precision: str, simulator: bool = False):
+    """The two kernels that prepare the channels-last kernel's operands, for the problem shape
+    ``key`` in ``precision``.
+
+    Returns
+    -------
+    to_channels_last(x, xt, n_images)
+        ``x`` (N, C, H*W) flat -> ``xt`` (N, H*W, C) flat: 32 x 32 tiles through shared memory,
+        so both sides are read and written along rows. Launch with grid ``(ceil(HW/32),
+        ceil(C/32), min(N, 65535))`` and block ``(32, 8)``.
+    filters_channels_last(w, wt)
+        ``w`` (K, C/groups, R*S) flat -> ``wt`` (K, R*S, C/groups) flat; one thread per element.
+
+    TF32 values are rounded (``cvt.rna.tf32.f32``) as they are written, as words; half values
+    move as bits.
+    """
+    tf32 = precision == "tf32"
+    convert = "tf32_word({})" if tf32 else "{}"
+    source = f'''
+def to_channels_last(x, xt, n_images):
+    tile = cuda.shared.array(1056, word)   # 32 x 33: a column read across rows hits 32 banks
+    tx = U(cuda.threadIdx.x)
+    ty = U(cuda.threadIdx.y)
+    p0 = U(cuda.blockIdx.x) * U(32)
+    c0 = U(cuda.blockIdx.y) * U(32)
+    img = U(cuda.blockIdx.z)
+    while img < U(n_images):
+        for i in range(4):
+            c = c0 + ty + U(8) * U(i)
+            p = p0 + tx
+            if c < C and p < HW:
+                tile[(ty + U(8) * U(i)) * U(33) + tx] = {convert.format("x[img * CHW + c * HW + p]")}
+        cuda.syncthreads()
+        for i in range(4):
+            p = p0 + ty + U(8) * U(i)
+            c = c0 + tx
+            if p < HW and c < C:
+                xt[img * CHW + p * C + c] = tile[tx * U(33) + ty + U(8) * U(i)]
+        cuda.syncthreads()
+        img += U(cuda.gridDim.z)
+
+
+def filters_channels_last(w, wt):
+    i = U(cuda.grid(1))
+    if i < FILTER_ELEMENTS:
+        c = i % CG
+        rest = i // CG
+        rs = rest % RS
+        k = rest // RS
+        wt[i] = {convert.format("w[(k * CG + c) * RS + rs]")}
+'''
+    constants = unsigned_constants(C=key.C, HW=key.H * key.W, CHW=key.C * key.H * key.W, CG=key.C_per_group,
+                                   RS=key.R * key.S, FILTER_ELEMENTS=key.K * key.C_per_group * key.R * key.S)
+    constants.update(_word_constants(simulator, precision))
+    constants["word"] = constants["uint32"] if tf32 else (np.uint16 if simulator else scalar_type("uint16"))
+    return (compile_kernel(source, "to_channels_last", constants, simulator=simulator),
+            compile_kernel(source, "filters_channels_last", constants, simulator=simulator))
+
+
+def _products(tile: MmaTile, precision: str, simulator: bool, b_rows_are_pixels: bool) -> list[str]:
+    """Generated lines of one staged step: each warp's fragments read from shared memory and
+    every product issued. A is staged ``[m][k word]``; B ``[k word][n]``, or ``[n][k word]`` when
+    ``b_rows_are_pixels`` (the channels-last kernel). Expects ``a_read`` and ``b_read``: the
+    stage's word of this lane's first fragment registers."""
+    AS = tile.a_stride
+    BS = tile.a_stride if b_rows_are_pixels else tile.b_stride
+    MT, NT = tile.WM // 16, tile.WN // 8
+    lines = []
+    for ks in range(tile.BKW // 8):
+        for mi in range(MT):
+            base = mi * 16 * AS + ks * 8
+            for r, offset in enumerate((0, 8 * AS, 4, 8 * AS + 4)):
+                lines.append(f"a{mi}_{r} = a_stage[a_read + U({base + offset})]")
+        for nj in range(NT):
+            base, second = (nj * 8 * BS + ks * 8, 4) if b_rows_are_pixels else (ks * 8 * BS + nj * 8, 4 * BS)
+            for r, offset in enumerate((0, second)):
+                lines.append(f"b{nj}_{r} = b_stage[b_read + U({base + offset})]")
+        for mi in range(MT):
+            for nj in range(NT):
+                acc = ", ".join(f"acc_{mi}_{nj}_{r}" for r in range(4))
+                operands = [f"a{mi}_{r}" for r in range(4)] + [f"b{nj}_{r}" for r in range(2)]
+                if simulator:
+                    lines += [f"words[lane_words + U({r})] = {op}" for r, op in enumerate(operands)]
+                    lines += ["cuda.syncthreads()",
+                              f"{acc} = mma_lane(PRECISION, words, warp_words, lane, {acc})",
+                              "cuda.syncthreads()"]
+                else:
+                    lines.append(f"{acc} = mma_{precision}({', '.join(operands)}, {acc})")
+    return lines
+
+
+def _epilogue(key, tile: MmaTile, precision: str, check_m: bool) -> list[str]:
+    """Generated lines adding the bias to each lane's accumulators and storing them, rounded to
+    the output dtype, in NCHW."""
+    MT, NT = tile.WM // 16, tile.WN // 8
+    if precision == "float16":
+        bias_value, result = "float16_value(bias[{}])", "float16_bits({})"
+    elif precision == "bfloat16":
+        bias_value, result = "bits_value(U32(bias[{}]) << U32(16))", "bfloat16_bits({})"
+    else:
+        bias_value, result = "bias[{}]", "{}"
+    lines = []
+    for mi in range(MT):
+        for h in range(2):
+            row = 16 * mi + 8 * h
+            guard = f"m_row + U({row}) < M_LEFT" if check_m else "True"
+            value = bias_value.format(f"bias_row + U({row})") if key.has_bias else "zero"
+            lines.append(f"bias_{mi}_{h} = {value} if {guard} else zero")
+    for nj in range(NT):
+        for cc in range(2):
+            lines += [
+                f"n = n_col + U({8 * nj + cc})",
+                "if n < ngemm:",
+                "    img = n // PQ",
+                "    out = img * KPQ + out_rows + (n - img * PQ)",
+            ]
+            for mi in range(MT):
+                for h in range(2):
+                    row = 16 * mi + 8 * h
+                    value = result.format(f"acc_{mi}_{nj}_{2 * h + cc} + bias_{mi}_{h}")
+                    line = f"y[out + U({row * key.P * key.Q})] = {value}"
+                    if check_m:
+                        lines += [f"    if m_row + U({row}) < M_LEFT:", f"        {line}"]
+                    else:
+                        lines.append(f"    {line}")
+    return lines
+
+
+@functools.lru_cache(maxsize=None)
+def mma_kernel(key, tile: MmaTile, precision: str, channels_last: bool, simulator: bool = False,
+               tap_table_bytes: int = 0):
     """The tensor-core implicit-GEMM kernel for the problem shape ``key``
     (:func:`convlib.cuda.gemm.shape_key`) in ``precision``.
 
     Returns
     -------
     kernel(b, w, bias, y, n_images)
-        ``b``: the flat image; ``w``: flat filters; ``bias``: ``(K,)`` (ignored without bias);
-        ``y``: flat output of ``n_images`` images. float16 and bfloat16 arrays are passed as
-        their ``uint16`` bits. Launch it with :func:`mma_launch_shape`.
+        ``channels_last``: ``b`` and ``w`` the words :func:`layout_kernels` prepares, as flat
+        uint32 arrays. Otherwise ``b`` the flat NCHW image and ``w`` the flat filters (float32,
+        or float16 / bfloat16 as their ``uint16`` bits). ``bias``: ``(K,)`` (ignored without
+        bias; half values as bits); ``y``: flat output of ``n_images`` images (half values as
+        bits). Launch it with :func:`mma_launch_shape`.
     """
-    source, constants = mma_source(key, tile, precision, simulator, tap_table_bytes)
+    if channels_last:
+        source, constants = channels_last_source(key, tile, precision, simulator)
+    else:
+        source, constants = mma_source(key, tile, precision, simulator, tap_table_bytes)
     return compile_kernel(source, "mma_gemm", constants, simulator=simulator, launch_bounds=(tile.threads, 1))
 
 
