@@ -51,13 +51,17 @@ def instructions(simulator: bool) -> dict:
     """The names generated kernels call: ``mma_tf32``, ``mma_float16``, ``mma_bfloat16`` (each
     ``(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3)``), ``tf32_word(f32)``,
     ``float16_bits(f32)``, ``bfloat16_bits(f32)`` (round to nearest even), ``float16_value(bits)``
-    and ``bits_value(u32)`` (a float32 from its bits); ``load4(array, i)`` and ``store4(array, i,
+    ``bits_value(u32)`` (a float32 from its bits) and ``float_bits(f32)`` (its bits); ``load4(array, i)`` and ``store4(array, i,
     w0, w1, w2, w3)``: four uint32 words at ``array[i:i + 4]`` in one 16-byte access (``i`` a
-    multiple of 4 and the array 16-byte aligned: the caller's promise).
+    multiple of 4 and the array 16-byte aligned: the caller's promise); ``ldmatrix4(array, i)``:
+    the warp's ``ldmatrix.x4`` from a shared array, each lane naming one row of four words (lanes
+    ``8j..8j + 7`` the rows of matrix ``j``; 16-byte aligned) and receiving word ``l & 3`` of row
+    ``l >> 2`` of each of the four matrices.
 
-    Under the simulator the three products are ``mma_lane(precision, words, base, lane, c0, c1,
-    c2, c3)``: the kernel first stores each lane's six words at ``words[base + 6 * lane ...]``
-    and synchronises (see :func:`simulated_mma`).
+    Under the simulator, ``mma_lane(precision, words, base, lane, c0, c1, c2, c3)`` replaces the
+    products and ``ldmatrix_lane(array, words, base, lane)`` the ``ldmatrix4``: the kernel first
+    stores each lane's six operand words at ``words[base + 6 * lane ...]`` (or its row's index at
+    ``words[base + lane]``) and synchronises (see :func:`simulated_mma`).
     """
     return _simulated() if simulator else _device()
 
@@ -109,6 +113,14 @@ def _device() -> dict:
 
     bits_value_typer.__name__ = "bits_value"
 
+    def float_bits_typer(typingctx, value):
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(args[0], i32)
+
+        return types.uint32(types.float32), codegen
+
+    float_bits_typer.__name__ = "float_bits"
+
     def word_pointer(context, builder, array_type, array, index):
         data = context.make_array(array_type)(context, builder, array).data
         return builder.bitcast(builder.gep(data, [index]), ir.VectorType(i32, 4).as_pointer())
@@ -131,7 +143,23 @@ def _device() -> dict:
 
         return types.none(array, types.uint64, *([types.uint32] * 4)), codegen
 
-    load4_typer.__name__, store4_typer.__name__ = "load4", "store4"
+    def ldmatrix4_typer(typingctx, array, index):
+        # ldmatrix takes a shared-window address; numba's shared arrays hand out generic ones.
+        text = ("{ .reg .u64 shared_address; cvta.to.shared.u64 shared_address, $4; "
+                "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0,$1,$2,$3}, [shared_address]; }")
+
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            address = builder.ptrtoint(builder.gep(data, [args[1]]), ir.IntType(64))
+            # side_effect: the read must stay between the barriers that order the stage's writes.
+            result = builder.call(ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 4), [ir.IntType(64)]),
+                                               text, "=r,=r,=r,=r,l", side_effect=True), [address])
+            words = [builder.extract_value(result, j) for j in range(4)]
+            return context.make_tuple(builder, sig.return_type, words)
+
+        return types.UniTuple(types.uint32, 4)(array, types.uint64), codegen
+
+    load4_typer.__name__, store4_typer.__name__, ldmatrix4_typer.__name__ = "load4", "store4", "ldmatrix4"
     table = {f"mma_{p}": product(p) for p in PRECISIONS}
     table.update(
         tf32_word=conversion("tf32_word", types.uint32, types.float32, i32, f32,
@@ -143,8 +171,10 @@ def _device() -> dict:
         float16_value=conversion("float16_value", types.float32, types.uint16, f32, i16,
                                  "cvt.f32.f16 $0, $1;", "=f,h"),
         bits_value=intrinsic(bits_value_typer),
+        float_bits=intrinsic(float_bits_typer),
         load4=intrinsic(load4_typer),
         store4=intrinsic(store4_typer),
+        ldmatrix4=intrinsic(ldmatrix4_typer),
     )
     return table
 
@@ -220,6 +250,10 @@ def simulated_mma(precision: str, words, base: int, lane: int, c0, c1, c2, c3):
     return tuple(out)
 
 
+def simulated_float_bits(value) -> np.uint32:
+    return np.uint32(_as_bits32(value))
+
+
 def simulated_load4(array, index):
     index = int(index)
     assert index % 4 == 0, f"load4 at word {index}: not 16-byte aligned"
@@ -233,9 +267,19 @@ def simulated_store4(array, index, w0, w1, w2, w3):
         array[index + j] = word
 
 
+def simulated_ldmatrix(array, words, base: int, lane: int):
+    """One lane's four words of a warp's ``ldmatrix.x4``: ``words[base + l]`` holds the row index
+    lane ``l`` named."""
+    base, lane = int(base), int(lane)
+    rows = [int(words[base + 8 * j + (lane >> 2)]) for j in range(4)]
+    assert all(row % 4 == 0 for row in rows), "ldmatrix rows must be 16-byte aligned"
+    return tuple(np.uint32(array[row + (lane & 3)]) for row in rows)
+
+
 @functools.cache
 def _simulated() -> dict:
     return dict(
+        ldmatrix_lane=simulated_ldmatrix,
         load4=simulated_load4,
         store4=simulated_store4,
         mma_lane=simulated_mma,
@@ -244,4 +288,5 @@ def _simulated() -> dict:
         bfloat16_bits=simulated_bfloat16_bits,
         float16_value=simulated_float16_value,
         bits_value=simulated_bits_value,
+        float_bits=simulated_float_bits,
     )

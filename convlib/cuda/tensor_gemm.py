@@ -90,7 +90,7 @@ def mma_source(key, tile: MmaTile, precision: str, simulator: bool = False,
     store += [f"b_stage[b_write + U({b_row_step * i * BS})] = b_next_{i}" for i in range(tile.b_per_thread)]
 
     multiply = _products(tile, precision, simulator, b_rows_are_pixels=False)
-    epilogue = _epilogue(key, tile, precision, check_m)
+    epilogue = _epilogue(key, tile, precision, check_m, simulator)
 
     align = "" if simulator else ", alignment=16"
     exchange = ""
@@ -102,8 +102,9 @@ def mma_source(key, tile: MmaTile, precision: str, simulator: bool = False,
 def mma_gemm(b, w, bias, y, n_images):
     # IN b: flat x (N*C*H*W; uint16 bits for half dtypes); IN w (K*KK, likewise); IN bias (K,);
     # OUT y (N*K*P*Q)
-    a_stage = cuda.shared.array(A_STAGE_LEN, uint32{align})   # 2 stages x BM rows x A_STRIDE words
-    b_stage = cuda.shared.array(B_STAGE_LEN, uint32{align})   # 2 stages x BKW rows x B_STRIDE words
+    # 2 stages x BM rows x A_STRIDE words of A, then 2 stages x BKW rows x B_STRIDE words of B
+    a_stage = cuda.shared.array(SHARED_WORDS, uint32{align})
+    b_stage = a_stage
 {"    tap = cuda.const.array_like(TAP)   # (c*H*W + r*dh*W + s*dw, r*dh << 16 | s*dw) per k" if tap_table is not None else ""}
     tid = U(cuda.threadIdx.x)
     n0 = U(cuda.blockIdx.x) * BN
@@ -128,7 +129,7 @@ def mma_gemm(b, w, bias, y, n_images):
     b_n = tid % BN
     b_kw = tid // BN
     b_k = b_kw * EPW
-    b_store = b_kw * B_STRIDE + b_n
+    b_store = B_BASE + b_kw * B_STRIDE + b_n
     n = n0 + b_n
     col_ok = n < ngemm
     img = n // PQ
@@ -148,7 +149,7 @@ def mma_gemm(b, w, bias, y, n_images):
 {indent(fetch, 3)}
         stage = kt & ONE
         a_read = stage * A_STAGE + (warp_m + lg) * A_STRIDE + lt
-        b_read = stage * B_STAGE + lt * B_STRIDE + warp_n + lg
+        b_read = B_BASE + stage * B_STAGE + lt * B_STRIDE + warp_n + lg
 {indent(multiply, 2)}
         if has_next:
             a_write = (stage ^ ONE) * A_STAGE + a_store
@@ -157,8 +158,6 @@ def mma_gemm(b, w, bias, y, n_images):
         cuda.syncthreads()
     m_row = warp_m + lg
     bias_row = g * M + m0 + m_row
-    out_rows = (g * M + m0 + m_row) * PQ
-    n_col = n0 + warp_n + lt * U(2)
 {indent(epilogue, 1)}
 '''
     constants = unsigned_constants(
@@ -168,7 +167,7 @@ def mma_gemm(b, w, bias, y, n_images):
     )
     constants.update(image_constants(key))
     constants.update(_word_constants(simulator, precision))
-    constants.update(A_STAGE_LEN=2 * BM * AS, B_STAGE_LEN=2 * BKW * BS, TAP=tap_table)
+    constants.update(SHARED_WORDS=tile.shared_words, B_BASE=np.uint64(2 * BM * AS), TAP=tap_table)
     return source, constants
 
 
@@ -242,7 +241,7 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
             f"pix_{i} = img * HWCW + g * CGW",
         ]
     multiply = _products(tile, precision, simulator, b_rows_are_pixels=True)
-    epilogue = _epilogue(key, tile, precision, check_m)
+    epilogue = _epilogue(key, tile, precision, check_m, simulator)
     MT, NT = tile.WM // 16, tile.WN // 8
     align = "" if simulator else ", alignment=16"
     exchange = ""
@@ -254,8 +253,9 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
 def mma_gemm(b, w, bias, y, n_images):
     # IN b: the image as NHWC words (N*H*W*C/EPW); IN w: filters as (K, R, S, C/groups) words;
     # IN bias (K,); OUT y (N*K*P*Q)
-    a_stage = cuda.shared.array(A_STAGE_LEN, uint32{align})   # 2 stages x BM rows x A_STRIDE words
-    b_stage = cuda.shared.array(B_STAGE_LEN, uint32{align})   # 2 stages x BN pixels x A_STRIDE words
+    # 2 stages x BM rows x A_STRIDE words of A, then 2 stages x BN pixels x A_STRIDE words of B
+    a_stage = cuda.shared.array(SHARED_WORDS, uint32{align})
+    b_stage = a_stage
     tid = U(cuda.threadIdx.x)
     n0 = U(cuda.blockIdx.x) * BN
     m0 = U(cuda.blockIdx.y) * BM
@@ -275,7 +275,7 @@ def mma_gemm(b, w, bias, y, n_images):
     b_row = a_row
     a_src = g * M + m0 + a_row
     a_store = a_row * A_STRIDE + j4
-    b_store = b_row * A_STRIDE + j4
+    b_store = B_BASE + b_row * A_STRIDE + j4
 {indent(columns, 1)}
 {indent([f"acc_{mi}_{nj}_{r} = zero" for mi in range(MT) for nj in range(NT) for r in range(4)], 1)}
     k0w = U(0)
@@ -290,8 +290,12 @@ def mma_gemm(b, w, bias, y, n_images):
             k0w = (kt + ONE) * BKW
 {indent(fetch, 3)}
         stage = kt & ONE
-        a_read = stage * A_STAGE + (warp_m + lg) * A_STRIDE + lt
-        b_read = stage * B_STAGE + (warp_n + lg) * A_STRIDE + lt
+        # ldmatrix rows: lane l names row (l & 7) + 8 * ((l >> 3) & 1), words 4 * (l >> 4) of
+        # A's 16 x 8 fragment, and pixel (l & 7) + 8 * (l >> 4), words 4 * ((l >> 3) & 1) of two
+        # products' B (see convlib.cuda.ptx).
+        a_matrix_rows = stage * A_STAGE + (warp_m + (lane & U(7)) + (lane & U(8))) * A_STRIDE + (lane >> U(4)) * U(4)
+        b_matrix_rows = (B_BASE + stage * B_STAGE + (warp_n + (lane & U(7)) + (lane >> U(4)) * U(8)) * A_STRIDE
+                         + ((lane >> U(3)) & U(1)) * U(4))
 {indent(multiply, 2)}
         if has_next:
             a_write = (stage ^ ONE) * A_STAGE + a_store
@@ -300,8 +304,6 @@ def mma_gemm(b, w, bias, y, n_images):
         cuda.syncthreads()
     m_row = warp_m + lg
     bias_row = g * M + m0 + m_row
-    out_rows = (g * M + m0 + m_row) * PQ
-    n_col = n0 + warp_n + lt * U(2)
 {indent(epilogue, 1)}
 '''
     constants = unsigned_constants(
@@ -311,7 +313,7 @@ def mma_gemm(b, w, bias, y, n_images):
     )
     constants.update(image_constants(key))
     constants.update(_word_constants(simulator, precision))
-    constants.update(A_STAGE_LEN=2 * BM * AS, B_STAGE_LEN=2 * BN * AS)
+    constants.update(SHARED_WORDS=tile.shared_words, B_BASE=np.uint64(2 * BM * AS))
     return source, constants
 
 
@@ -393,15 +395,30 @@ def _products(tile: MmaTile, precision: str, simulator: bool, b_rows_are_pixels:
     BS = tile.a_stride if b_rows_are_pixels else tile.b_stride
     MT, NT = tile.WM // 16, tile.WN // 8
     lines = []
+
+    def ldmatrix(names, index):
+        if simulator:
+            return [f"words[warp_words + lane] = U32({index})", "cuda.syncthreads()",
+                    f"{', '.join(names)} = ldmatrix_lane(a_stage, words, warp_words, lane)", "cuda.syncthreads()"]
+        return [f"{', '.join(names)} = ldmatrix4(a_stage, {index})"]
+
     for ks in range(tile.BKW // 8):
         for mi in range(MT):
             base = mi * 16 * AS + ks * 8
-            for r, offset in enumerate((0, 8 * AS, 4, 8 * AS + 4)):
-                lines.append(f"a{mi}_{r} = a_stage[a_read + U({base + offset})]")
-        for nj in range(NT):
-            base, second = (nj * 8 * BS + ks * 8, 4) if b_rows_are_pixels else (ks * 8 * BS + nj * 8, 4 * BS)
-            for r, offset in enumerate((0, second)):
-                lines.append(f"b{nj}_{r} = b_stage[b_read + U({base + offset})]")
+            names = [f"a{mi}_{r}" for r in range(4)]
+            if b_rows_are_pixels:  # one ldmatrix: the lanes' rows are set up in a_matrix_rows
+                lines += ldmatrix(names, f"a_matrix_rows + U({base})")
+            else:
+                lines += [f"{name} = a_stage[a_read + U({base + offset})]"
+                          for name, offset in zip(names, (0, 8 * AS, 4, 8 * AS + 4))]
+        if b_rows_are_pixels:  # two products' B per ldmatrix (rows set up in b_matrix_rows)
+            for pair in range(0, NT, 2):
+                names = [f"b{pair}_0", f"b{pair}_1", f"b{pair + 1}_0", f"b{pair + 1}_1"]
+                lines += ldmatrix(names, f"b_matrix_rows + U({pair * 8 * BS + ks * 8})")
+        else:
+            for nj in range(NT):
+                base = ks * 8 * BS + nj * 8
+                lines += [f"b{nj}_{r} = b_stage[b_read + U({base + offset})]" for r, offset in enumerate((0, 4 * BS))]
         for mi in range(MT):
             for nj in range(NT):
                 acc = ", ".join(f"acc_{mi}_{nj}_{r}" for r in range(4))
@@ -416,40 +433,62 @@ def _products(tile: MmaTile, precision: str, simulator: bool, b_rows_are_pixels:
     return lines
 
 
-def _epilogue(key, tile: MmaTile, precision: str, check_m: bool) -> list[str]:
+def _epilogue(key, tile: MmaTile, precision: str, check_m: bool, simulator: bool) -> list[str]:
     """Generated lines adding the bias to each lane's accumulators and storing them, rounded to
-    the output dtype, in NCHW."""
+    the output dtype, in NCHW.
+
+    A lane's accumulators are scattered over 16 rows (two values per row 8 columns apart per
+    product): stored as they are, a warp's store would write 8 rows x 4 pairs of 2-byte values.
+    So each warp stages 16 rows of its tile at a time in shared memory (the operand stages are
+    free by then) and writes them back row by row, each lane on a column: 32 consecutive pixels
+    per store. Expects ``m_row`` and ``bias_row`` (this lane's first row)."""
     MT, NT = tile.WM // 16, tile.WN // 8
+    OS = tile.output_stride
     if precision == "float16":
-        bias_value, result = "float16_value(bias[{}])", "float16_bits({})"
+        bias_value, staged, result = "float16_value(bias[{}])", "U32(float16_bits({}))", "{}"
     elif precision == "bfloat16":
-        bias_value, result = "bits_value(U32(bias[{}]) << U32(16))", "bfloat16_bits({})"
+        bias_value, staged, result = "bits_value(U32(bias[{}]) << U32(16))", "U32(bfloat16_bits({}))", "{}"
     else:
-        bias_value, result = "bias[{}]", "{}"
-    lines = []
+        bias_value, staged, result = "bias[{}]", "float_bits({})", "bits_value({})"
+    sync = "cuda.syncthreads()" if simulator else "cuda.syncwarp()"  # the simulator has no syncwarp
+    lines = [
+        f"slice_base = warp * U({16 * OS})",
+        f"lane_slot = slice_base + lg * U({OS}) + lt * U(2)",
+        "out_rows = g * M + m0 + warp_m",
+    ]
+    for c in range(tile.WN // 32):
+        lines += [
+            f"n = n0 + warp_n + lane + U({32 * c})",
+            f"col_ok_{c} = n < ngemm",
+            "img = n // PQ",
+            f"out_col_{c} = img * KPQ + (n - img * PQ)",
+        ]
     for mi in range(MT):
         for h in range(2):
             row = 16 * mi + 8 * h
             guard = f"m_row + U({row}) < M_LEFT" if check_m else "True"
             value = bias_value.format(f"bias_row + U({row})") if key.has_bias else "zero"
             lines.append(f"bias_{mi}_{h} = {value} if {guard} else zero")
-    for nj in range(NT):
-        for cc in range(2):
-            lines += [
-                f"n = n_col + U({8 * nj + cc})",
-                "if n < ngemm:",
-                "    img = n // PQ",
-                "    out = img * KPQ + out_rows + (n - img * PQ)",
-            ]
-            for mi in range(MT):
-                for h in range(2):
-                    row = 16 * mi + 8 * h
-                    value = result.format(f"acc_{mi}_{nj}_{2 * h + cc} + bias_{mi}_{h}")
-                    line = f"y[out + U({row * key.P * key.Q})] = {value}"
-                    if check_m:
-                        lines += [f"    if m_row + U({row}) < M_LEFT:", f"        {line}"]
-                    else:
-                        lines.append(f"    {line}")
+    for mi in range(MT):
+        if mi:
+            lines.append(sync)  # the previous slice is read before this one overwrites it
+        for nj in range(NT):
+            for r in range(4):
+                offset = (8 * (r >> 1)) * OS + 8 * nj + (r & 1)
+                value = staged.format(f"acc_{mi}_{nj}_{r} + bias_{mi}_{r >> 1}")
+                lines.append(f"a_stage[lane_slot + U({offset})] = {value}")
+        lines.append(sync)
+        for row in range(16):
+            stores = []
+            for c in range(tile.WN // 32):
+                value = result.format(f"a_stage[slice_base + lane + U({row * OS + 32 * c})]")
+                stores += [f"if col_ok_{c}:",
+                           f"    y[out_col_{c} + (out_rows + U({16 * mi + row})) * PQ] = {value}"]
+            if check_m:
+                lines.append(f"if warp_m + U({16 * mi + row}) < M_LEFT:")
+                lines += ["    " + line for line in stores]
+            else:
+                lines += stores
     return lines
 
 
