@@ -235,6 +235,9 @@ def test_auto_rules_on_cuda():
     assert rule_choice(strided, "cuda", ["direct", "im2col", "blis"])[0] == "blis"
     assert rule_choice(small_batch, "cuda", everything)[0] == "blis"
     assert rule_choice(thin, "cuda", everything)[0] == "direct"
+    # half precisions: tensor-core blis, not Winograd's widened float32 copies
+    assert rule_choice(resnet_3x3, "cuda", everything, "float16")[0] == "blis"
+    assert rule_choice(thin, "cuda", everything, "bfloat16")[0] == "direct"
 
 
 @needs_cuda
@@ -405,20 +408,23 @@ def test_half_results_are_float32_sums_rounded_once(algo, dtype):
 
 
 # -- tensor cores (blis on mma.sync) ---------------------------------------------------------------
-# (N, C, H, W, K, R, S, stride, padding, dilation, groups, bias), whether the channels-last kernel
-# serves it in half precision.
+# (N, C, H, W, K, R, S, stride, padding, dilation, groups, bias), and how the kernel reads the
+# operands in half precision (convlib.cuda.tensor_gemm.operand_layout).
 TENSOR_SIMULATOR_CASES = {
-    "tc-groups-asympad-dilation": ((2, 16, 6, 5, 20, 3, 2, (2, 1), (1, 0, 2, 1), (1, 2), 2, True), True),
-    "tc-1x1-stride2": ((2, 8, 5, 5, 5, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1, True), True),
-    "tc-long-reduction-odd-K": ((1, 24, 4, 4, 17, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, False), True),
-    "tc-odd-channels-nchw": ((2, 5, 6, 5, 6, 3, 2, (1, 1), (1, 0, 0, 1), (1, 1), 1, True), False),
+    "tc-groups-asympad-dilation": ((2, 16, 6, 5, 20, 3, 2, (2, 1), (1, 0, 2, 1), (1, 2), 2, True), "channels_last"),
+    "tc-1x1-stride2": ((2, 8, 5, 5, 5, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1, True), "channels_last"),
+    "tc-long-reduction-odd-K": ((1, 24, 4, 4, 17, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, False), "channels_last"),
+    "tc-odd-channels-nchw": ((2, 5, 6, 5, 6, 3, 2, (1, 1), (1, 0, 0, 1), (1, 1), 1, True), "nchw"),
+    "tc-1x1-pixels-in-place": ((3, 16, 4, 6, 20, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1, True), "pixels"),
+    "tc-1x1-pixels-groups-long": ((2, 80, 4, 4, 12, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 2, False), "pixels"),
 }
 TENSOR_GPU_CASES = {
     **TENSOR_SIMULATOR_CASES,
-    "tc-resnet-3x3": ((4, 64, 28, 28, 128, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True), True),
-    "tc-1x1-deep-odd-K": ((2, 256, 14, 14, 130, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1, False), True),
-    "tc-stem-7x7-s2": ((2, 3, 45, 38, 64, 7, 7, (2, 2), (3, 3, 3, 3), (1, 1), 1, True), False),
-    "tc-many-tiles-odd": ((3, 20, 37, 45, 70, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True), False),
+    "tc-resnet-3x3": ((4, 64, 28, 28, 128, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True), "channels_last"),
+    "tc-1x1-deep-odd-K": ((2, 256, 14, 14, 130, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1, False), "channels_last"),
+    "tc-1x1-resnet-pixels": ((3, 256, 28, 28, 130, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1, True), "pixels"),
+    "tc-stem-7x7-s2": ((2, 3, 45, 38, 64, 7, 7, (2, 2), (3, 3, 3, 3), (1, 1), 1, True), "nchw"),
+    "tc-many-tiles-odd": ((3, 20, 37, 45, 70, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True), "nchw"),
 }
 TENSOR_CASES = TENSOR_GPU_CASES if STATE == "gpu" else TENSOR_SIMULATOR_CASES
 #: TF32 keeps 10 of float32's 23 mantissa bits: errors of a few 1e-4 (cuDNN's TF32: 2.9e-4 on
@@ -430,20 +436,20 @@ TF32_RANGE = (2e-5, 3e-3)
 @pytest.mark.parametrize("case", list(TENSOR_CASES))
 @pytest.mark.parametrize("precision", ["tf32", "float16", "bfloat16"])
 def test_tensor_cores_match_reference(precision, case, poisoned_outputs):
-    """blis on tensor cores, by both of its kernels (channels-last where each group's channels
-    fill 16-byte chunks, NCHW gathers elsewhere): within half an ulp of the exact result of the
-    half inputs, or within TF32's range when ``allow_tf32`` asks for TF32; inputs kept."""
+    """blis on tensor cores, each way of reading the operands (in place by chunks of pixels,
+    channels-last copies, NCHW element by element): within half an ulp of the exact result of
+    the half inputs, or within TF32's range when ``allow_tf32`` asks for TF32; inputs kept."""
     from convlib.cuda import blis
-    from convlib.cuda.tensor_gemm import channels_last_eligible
+    from convlib.cuda.tensor_gemm import operand_layout
 
-    shape, half_channels_last = TENSOR_CASES[case]
+    shape, half_layout = TENSOR_CASES[case]
     dtype = "float32" if precision == "tf32" else precision
     if dtype == "bfloat16" and host_bfloat16() is None:
         pytest.skip("bfloat16 host arrays need ml_dtypes")
     N, C, H, W, K, R, S, stride, padding, dilation, groups, bias = shape
     problem = ConvProblem(N, C, H, W, K, R, S, stride, padding, dilation, groups, dtype, bias)
     if precision != "tf32":
-        assert channels_last_eligible(problem, precision) == half_channels_last
+        assert operand_layout(problem, precision) == half_layout
     x, w, b = random_inputs(problem, seed=23)
     copies = [a.copy() for a in (x, w, b) if a is not None]
     y = convlib.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups, algo="blis",
@@ -457,7 +463,7 @@ def test_tensor_cores_match_reference(precision, case, poisoned_outputs):
     for original, copy in zip((a for a in (x, w, b) if a is not None), copies):
         assert np.array_equal(original.view(np.uint8), copy.view(np.uint8)), "an input was modified"
     expected_workspace = 0
-    if channels_last_eligible(problem, precision):
+    if operand_layout(problem, precision) == "channels_last":
         itemsize = 4 if precision == "tf32" else 2
         expected_workspace = itemsize * (x.size + w.size)
     with convlib.option_context(allow_tf32=precision == "tf32"):

@@ -28,8 +28,7 @@ from .tables import KNOBS
 from .tiles import choose_gemm_tile, choose_mma_tile
 from .gemm import IMAGE, gemm_kernel, gemm_launch_shape, shape_key
 from .launch import MAX_GRID_Y, flat, placeholder_bias
-from .tensor_gemm import (channels_last_eligible, layout_kernels, mma_kernel, mma_launch_shape,
-                          precision_of)
+from .tensor_gemm import layout_kernels, mma_kernel, mma_launch_shape, operand_layout, precision_of
 from .ptx import ELEMENTS_PER_WORD
 
 #: float16 and bfloat16 problems are computed by this module's own kernels (tensor cores), not
@@ -49,7 +48,7 @@ def workspace_bytes(problem, device=None) -> int:
     the channels-last copies of the image and the filters where that kernel serves the problem
     (:func:`convlib.cuda.tensor_gemm.channels_last_eligible`)."""
     precision = precision_of(problem.dtype, options.allow_tf32)
-    if precision is None or not channels_last_eligible(problem, precision):
+    if precision is None or operand_layout(problem, precision) != "channels_last":
         return 0
     itemsize = 4 if precision == "tf32" else 2
     return itemsize * (problem.N * problem.C * problem.H * problem.W + problem.K * problem.gemm_k)
@@ -68,10 +67,12 @@ def run(problem, x, w, bias, device):
         # The tensor-core kernels read and write half values as their bits.
         bits = _bits if half else (lambda arr: arr)
         b = bits(bias) if bias is not None else placeholder_bias("uint16" if half else problem.dtype, target)
-        if layout is None:
-            operands = bits(flat(x)), bits(flat(w))
-        else:
+        if layout == "pixels":
+            operands = flat(x).view(np.uint32), flat(w).view(np.uint32)
+        elif layout is not None:
             operands = _channels_last_operands(problem, precision, layout, bits(flat(x)), bits(flat(w)), target)
+        else:
+            operands = bits(flat(x)), bits(flat(w))
         kernel[grid, block, target.stream](*operands, b, bits(flat(y)), problem.N)
     return y
 
@@ -100,15 +101,15 @@ def _bits(arr):
 
 @functools.lru_cache(maxsize=256)
 def _plan(problem, precision, multiprocessors: int, simulator: bool, knobs: tuple):
-    """Kernel, launch shape and the channels-last layout kernels (None when the kernel reads
-    NCHW) for ``problem`` on tensor cores in ``precision`` (None: the FP32 FMA kernel); cached on the knob overrides in force, ``knobs``: the host cost of a repeated
+    """Kernel, launch shape and how its operands come (None: as they are, element by element;
+    ``"pixels"``: as they are, as words; else the channels-last layout kernels) for ``problem`` on tensor cores in ``precision`` (None: the FP32 FMA kernel); cached on the knob overrides in force, ``knobs``: the host cost of a repeated
     call is the launch."""
     key = shape_key(problem)
     if precision is not None:
         tile = choose_mma_tile(problem, precision, multiprocessors, simulator)
-        channels_last = channels_last_eligible(problem, precision)
-        kernel = mma_kernel(key, tile, precision, channels_last, simulator, KNOBS.tap_table_bytes)
-        layout = layout_kernels(key, precision, simulator) if channels_last else None
+        operands = operand_layout(problem, precision)
+        kernel = mma_kernel(key, tile, precision, operands, simulator, KNOBS.tap_table_bytes)
+        layout = {"channels_last": layout_kernels(key, precision, simulator), "pixels": "pixels"}.get(operands)
         return (kernel, *mma_launch_shape(problem, tile, problem.N), layout)
     tile = choose_gemm_tile(problem, multiprocessors, simulator)
     kernel = gemm_kernel(key, tile, IMAGE, simulator, KNOBS.tap_table_bytes)

@@ -178,8 +178,31 @@ def channels_last_eligible(problem, precision: str) -> bool:
     return problem.C_per_group % (4 * ELEMENTS_PER_WORD[precision]) == 0
 
 
-def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = False) -> tuple[str, dict]:
-    """The channels-last kernel's source and constants.
+def operand_layout(problem, precision: str) -> str:
+    """How the tensor-core kernel for ``problem`` reads its operands: ``"pixels"`` (in place,
+    16-byte chunks of pixels), ``"channels_last"`` (16-byte chunks of channels of copies the
+    layout kernels make) or ``"nchw"`` (element by element)."""
+    if contiguous_pixels_eligible(problem, precision):
+        return "pixels"
+    return "channels_last" if channels_last_eligible(problem, precision) else "nchw"
+
+
+def contiguous_pixels_eligible(problem, precision: str) -> bool:
+    """Whether B's columns are the image's own pixels in chunks: a 1x1, stride-1, unpadded
+    convolution whose images' pixel counts and channels per group fill 16-byte chunks. Then the
+    column matrix of an image is the image itself (``C x H*W``) and the filters' rows are already
+    ``k``-contiguous: the chunked kernel reads both in place, with no layout kernels."""
+    chunk = 4 * ELEMENTS_PER_WORD[precision]
+    return (problem.R == problem.S == 1 and problem.stride == (1, 1) and not any(problem.padding)
+            and (problem.H * problem.W) % chunk == 0 and problem.C_per_group % chunk == 0)
+
+
+def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = False,
+                         pixels: bool = False) -> tuple[str, dict]:
+    """The chunked kernels' source and constants: channels-last, or (``pixels``) in place for
+    the problems of :func:`contiguous_pixels_eligible`.
+
+    Channels-last:
 
     Its operands come prepared (:func:`layout_kernels`): the image as NHWC words and the filters
     as ``(K, R, S, C/groups)`` words, TF32 already rounded. The reduction runs over ``k = (r, s,
@@ -187,6 +210,11 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
     and one tap: one aligned vector load, one tap decode and one bounds check per chunk, where the
     NCHW kernel pays a load, a decode and a check per element. B is staged ``[n][k word]`` with
     A's stride, so its fragments read like A's.
+
+    In place (``pixels``): A is the filters as they are; B's unit is one word row (two channels
+    in half precision) of 8 (4 for TF32) consecutive pixels of one image: two 16-byte loads whose
+    halves interleave into 8 words (one load of 4 words rounded for TF32), staged ``[k word][n]``
+    like the NCHW kernel's.
     """
     epw = ELEMENTS_PER_WORD[precision]
     BM, BN, BKW = tile.BM, tile.BN, tile.BKW
@@ -202,17 +230,24 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
     check_m = M % BM != 0
     check_k = KKW % BKW != 0
 
-    fetch = ["kw = k0w + j4", "tap = kw // CGW", "cw = kw - tap * CGW", "r = tap // S", "s = tap - r * S",
-             "ih_shift = I(r * DH)", "iw_shift = I(s * DW)"]
+    fetch = ["kw = k0w + j4"]
+    if not pixels:
+        fetch += ["tap = kw // CGW", "cw = kw - tap * CGW", "r = tap // S", "s = tap - r * S",
+                  "ih_shift = I(r * DH)", "iw_shift = I(s * DW)"]
     for i in range(a_chunks):
         cond = ([f"a_row + U({row_step * i}) < M_LEFT"] if check_m else []) + (["kw < KKW"] if check_k else [])
         words = ", ".join(f"a_next_{i}_{j}" for j in range(4))
-        load = f"{words} = load4(w, (a_src + U({row_step * i})) * KKW + kw)"
+        load = [f"{words} = load4(w, (a_src + U({row_step * i})) * KKW + kw)"]
+        if pixels and precision == "tf32":  # the filters as they are: rounded here
+            load += [f"a_next_{i}_{j} = tf32_word(bits_value(a_next_{i}_{j}))" for j in range(4)]
         if cond:
-            fetch += [f"if {' and '.join(cond)}:", f"    {load}", "else:",
+            fetch += [f"if {' and '.join(cond)}:", *("    " + line for line in load), "else:",
                       f"    {' = '.join(f'a_next_{i}_{j}' for j in range(4))} = ZERO32"]
         else:
-            fetch.append(load)
+            fetch += load
+    if pixels:
+        fetch_b, store_b, columns, b_units = _pixel_units(key, tile, precision, check_k)
+        b_chunks = 0
     for i in range(b_chunks):
         cond = [f"col_ok_{i}"] + (["kw < KKW"] if check_k else [])
         fetch += [f"ih = ih0_{i} + ih_shift", f"iw = iw0_{i} + iw_shift"]
@@ -227,7 +262,11 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
              for i in range(a_chunks)]
     store += [f"store4(b_stage, b_write + U({row_step * i * AS}), {', '.join(f'b_next_{i}_{j}' for j in range(4))})"
               for i in range(b_chunks)]
-    columns = []
+    if pixels:
+        fetch += fetch_b
+        store += store_b
+    else:
+        columns = []
     for i in range(b_chunks):
         columns += [
             f"n = n0 + b_row + U({row_step * i})",
@@ -240,9 +279,13 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
             f"iw0_{i} = I(q * SW) - LEFT",
             f"pix_{i} = img * HWCW + g * CGW",
         ]
-    multiply = _products(tile, precision, simulator, b_rows_are_pixels=True)
+    multiply = _products(tile, precision, simulator, b_rows_are_pixels=not pixels, a_ldmatrix=True)
     epilogue = _epilogue(key, tile, precision, check_m, simulator)
     MT, NT = tile.WM // 16, tile.WN // 8
+    # B's fragments: ldmatrix rows of pixels (channels-last), or words read [k word][n] (pixels)
+    b_fragments = ("b_read = B_BASE + stage * B_STAGE + lt * B_STRIDE + warp_n + lg" if pixels else
+                   "b_matrix_rows = (B_BASE + stage * B_STAGE + (warp_n + (lane & U(7)) + (lane >> U(4)) * U(8)) * A_STRIDE"
+                   " + ((lane >> U(3)) & U(1)) * U(4))")
     align = "" if simulator else ", alignment=16"
     exchange = ""
     if simulator:
@@ -275,7 +318,8 @@ def mma_gemm(b, w, bias, y, n_images):
     b_row = a_row
     a_src = g * M + m0 + a_row
     a_store = a_row * A_STRIDE + j4
-    b_store = B_BASE + b_row * A_STRIDE + j4
+    b_store = {"B_BASE + (tid // PIXEL_UNITS) * B_STRIDE + (tid % PIXEL_UNITS) * (BN // PIXEL_UNITS)" if pixels
+               else "B_BASE + b_row * A_STRIDE + j4"}
 {indent(columns, 1)}
 {indent([f"acc_{mi}_{nj}_{r} = zero" for mi in range(MT) for nj in range(NT) for r in range(4)], 1)}
     k0w = U(0)
@@ -294,8 +338,7 @@ def mma_gemm(b, w, bias, y, n_images):
         # A's 16 x 8 fragment, and pixel (l & 7) + 8 * (l >> 4), words 4 * ((l >> 3) & 1) of two
         # products' B (see convlib.cuda.ptx).
         a_matrix_rows = stage * A_STAGE + (warp_m + (lane & U(7)) + (lane & U(8))) * A_STRIDE + (lane >> U(4)) * U(4)
-        b_matrix_rows = (B_BASE + stage * B_STAGE + (warp_n + (lane & U(7)) + (lane >> U(4)) * U(8)) * A_STRIDE
-                         + ((lane >> U(3)) & U(1)) * U(4))
+        {b_fragments}
 {indent(multiply, 2)}
         if has_next:
             a_write = (stage ^ ONE) * A_STAGE + a_store
@@ -309,12 +352,57 @@ def mma_gemm(b, w, bias, y, n_images):
     constants = unsigned_constants(
         BM=BM, BN=BN, BKW=BKW, WM=tile.WM, WN=tile.WN, WARPS_N=BN // tile.WN, M=M, KKW=KKW, CGW=CGW,
         CW=key.C // epw, HWCW=key.H * key.W * key.C // epw, CPR=CPR, PQ=key.P * key.Q,
-        KPQ=key.K * key.P * key.Q, ONE=1, K_TILES=-(-KKW // BKW), A_STRIDE=AS, A_STAGE=BM * AS, B_STAGE=BN * AS,
+        KPQ=key.K * key.P * key.Q, ONE=1, K_TILES=-(-KKW // BKW), A_STRIDE=AS, A_STAGE=BM * AS,
+        B_STAGE=BKW * tile.b_stride if pixels else BN * AS, B_STRIDE=tile.b_stride,
+        PIXEL_UNITS=BN // (4 * epw), CGHW_WORDS=key.C_per_group * key.H * key.W // epw,
+        CHW_WORDS=key.C * key.H * key.W // epw, HW_WORDS=key.H * key.W // epw,
     )
     constants.update(image_constants(key))
     constants.update(_word_constants(simulator, precision))
     constants.update(SHARED_WORDS=tile.shared_words, B_BASE=np.uint64(2 * BM * AS))
     return source, constants
+
+
+def _pixel_units(key, tile: MmaTile, precision: str, check_k: bool):
+    """Generated fetch, store and setup lines of the in-place kernel's B (see
+    :func:`channels_last_source`): this thread's units are word rows ``b_kw + step * i`` of its
+    pixel group (``pixels`` consecutive pixels of one image)."""
+    half = ELEMENTS_PER_WORD[precision] == 2
+    pixels = 8 if half else 4
+    units_per_row = tile.BN // pixels
+    step = tile.threads // units_per_row
+    units = tile.BKW * units_per_row // tile.threads
+    BS = tile.b_stride
+    columns = [
+        "b_group = tid % PIXEL_UNITS",
+        "b_kw = tid // PIXEL_UNITS",
+        f"n = n0 + b_group * U({pixels})",
+        "b_ok = n < ngemm",  # the whole group: the images' pixel counts are multiples of it
+        "img = n // PQ",
+        # the group's first pixel, in words: images C*H*W apart, channel pairs (k words) H*W apart
+        f"b_src = img * CHW_WORDS + g * CGHW_WORDS + (n - img * PQ) // U({2 if half else 1})",
+    ]
+    fetch, store = [], []
+    for i in range(units):
+        cond = ["b_ok"] + ([f"k0w + b_kw + U({step * i}) < KKW"] if check_k else [])
+        names = [f"b_next_{i}_{j}" for j in range(pixels)]
+        row = f"k0w + b_kw + U({step * i})"
+        fetch.append(f"if {' and '.join(cond)}:")
+        if half:
+            # word row kw holds channels 2kw (low halves) and 2kw + 1 (high) of 8 pixels
+            fetch += [f"    lo0, lo1, lo2, lo3 = load4(b, b_src + ({row}) * U(2) * HW_WORDS)",
+                      f"    hi0, hi1, hi2, hi3 = load4(b, b_src + (({row}) * U(2) + U(1)) * HW_WORDS)"]
+            for j in range(4):
+                fetch += [f"    {names[2 * j]} = U32((lo{j} & U32(0xFFFF)) | (hi{j} << U32(16)))",
+                          f"    {names[2 * j + 1]} = U32((lo{j} >> U32(16)) | (hi{j} & U32(0xFFFF0000)))"]
+        else:
+            fetch.append(f"    v0, v1, v2, v3 = load4(b, b_src + ({row}) * HW_WORDS)")
+            fetch += [f"    {names[j]} = tf32_word(bits_value(v{j}))" for j in range(4)]
+        fetch += ["else:", f"    {' = '.join(names)} = ZERO32"]
+        for half_unit in range(pixels // 4):
+            words = ", ".join(names[4 * half_unit:4 * half_unit + 4])
+            store.append(f"store4(b_stage, b_write + U({step * i * BS + 4 * half_unit}), {words})")
+    return fetch, store, columns, units
 
 
 def _word_constants(simulator: bool, precision: str) -> dict:
@@ -386,13 +474,15 @@ def filters_channels_last(w, wt):
             compile_kernel(source, "filters_channels_last", constants, simulator=simulator))
 
 
-def _products(tile: MmaTile, precision: str, simulator: bool, b_rows_are_pixels: bool) -> list[str]:
+def _products(tile: MmaTile, precision: str, simulator: bool, b_rows_are_pixels: bool,
+              a_ldmatrix: bool | None = None) -> list[str]:
     """Generated lines of one staged step: each warp's fragments read from shared memory and
     every product issued. A is staged ``[m][k word]``; B ``[k word][n]``, or ``[n][k word]`` when
     ``b_rows_are_pixels`` (the channels-last kernel). Expects ``a_read`` and ``b_read``: the
     stage's word of this lane's first fragment registers."""
     AS = tile.a_stride
     BS = tile.a_stride if b_rows_are_pixels else tile.b_stride
+    a_ldmatrix = b_rows_are_pixels if a_ldmatrix is None else a_ldmatrix
     MT, NT = tile.WM // 16, tile.WN // 8
     lines = []
 
@@ -406,7 +496,7 @@ def _products(tile: MmaTile, precision: str, simulator: bool, b_rows_are_pixels:
         for mi in range(MT):
             base = mi * 16 * AS + ks * 8
             names = [f"a{mi}_{r}" for r in range(4)]
-            if b_rows_are_pixels:  # one ldmatrix: the lanes' rows are set up in a_matrix_rows
+            if a_ldmatrix:  # one ldmatrix: the lanes' rows are set up in a_matrix_rows
                 lines += ldmatrix(names, f"a_matrix_rows + U({base})")
             else:
                 lines += [f"{name} = a_stage[a_read + U({base + offset})]"
@@ -493,7 +583,7 @@ def _epilogue(key, tile: MmaTile, precision: str, check_m: bool, simulator: bool
 
 
 @functools.lru_cache(maxsize=None)
-def mma_kernel(key, tile: MmaTile, precision: str, channels_last: bool, simulator: bool = False,
+def mma_kernel(key, tile: MmaTile, precision: str, layout: str, simulator: bool = False,
                tap_table_bytes: int = 0):
     """The tensor-core implicit-GEMM kernel for the problem shape ``key``
     (:func:`convlib.cuda.gemm.shape_key`) in ``precision``.
@@ -501,14 +591,15 @@ def mma_kernel(key, tile: MmaTile, precision: str, channels_last: bool, simulato
     Returns
     -------
     kernel(b, w, bias, y, n_images)
-        ``channels_last``: ``b`` and ``w`` the words :func:`layout_kernels` prepares, as flat
-        uint32 arrays. Otherwise ``b`` the flat NCHW image and ``w`` the flat filters (float32,
-        or float16 / bfloat16 as their ``uint16`` bits). ``bias``: ``(K,)`` (ignored without
+        ``layout`` (:func:`operand_layout`) ``"channels_last"``: ``b`` and ``w`` the words
+        :func:`layout_kernels` prepares; ``"pixels"``: the image and the filters as they are,
+        viewed as flat uint32 words; ``"nchw"``: ``b`` the flat image and ``w`` the flat filters
+        (float32, or float16 / bfloat16 as their ``uint16`` bits). ``bias``: ``(K,)`` (ignored without
         bias; half values as bits); ``y``: flat output of ``n_images`` images (half values as
         bits). Launch it with :func:`mma_launch_shape`.
     """
-    if channels_last:
-        source, constants = channels_last_source(key, tile, precision, simulator)
+    if layout in ("channels_last", "pixels"):
+        source, constants = channels_last_source(key, tile, precision, simulator, pixels=layout == "pixels")
     else:
         source, constants = mma_source(key, tile, precision, simulator, tap_table_bytes)
     return compile_kernel(source, "mma_gemm", constants, simulator=simulator, launch_bounds=(tile.threads, 1))

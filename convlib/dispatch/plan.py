@@ -224,7 +224,7 @@ def plan_for(operation: str, problem: ConvProblem, target: ResolvedDevice, algo:
     # (convlib.core.precision); the backend wraps the implementation to widen and round back.
     solved = problem.widened()
     if algo == "auto":
-        choice = choose(operation, solved, target)
+        choice = choose(operation, solved, target, dtype=problem.dtype)
         algo, reason = choice.algo, choice.reason
     else:
         why_not = registry.unsupported_reason(operation, backend, algo, solved)
