@@ -11,7 +11,7 @@ OUR_ALGOS = ("direct", "blis", "im2col-own", "im2col-cublas", "winograd2", "wino
 #: The report's key of the ResNet-50 table of each half precision.
 HALF_TABLES = {"float16": "resnet50_float16", "bfloat16": "resnet50_bfloat16"}
 #: Our candidates with ``allow_tf32=True`` (compared with cuDNN TF32, not in the exact columns).
-TF32_ALGOS = ("im2col-cublas-tf32", "winograd4-cublas-tf32")
+TF32_ALGOS = ("blis-tf32", "im2col-cublas-tf32", "winograd4-cublas-tf32")
 
 
 def _fmt(v, digits=3):
