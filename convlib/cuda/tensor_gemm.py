@@ -2,28 +2,44 @@
 and bfloat16.
 
 The same product as :mod:`convlib.cuda.gemm` with ``b_source="image"`` (A the filters, B the
-column matrix gathered straight from the NCHW image, C written to ``y`` in NCHW), multiplied by
-the warps' ``mma.sync`` instead of each thread's FMAs (:mod:`convlib.cuda.ptx` has the
-instructions and their operand layout):
+column matrix of the image, C written to ``y`` in NCHW), multiplied by the warps' ``mma.sync``
+instead of each thread's FMAs (:mod:`convlib.cuda.ptx` has the instructions and their operand
+layout):
 
-* Operands are 32-bit *words*: a TF32 value (float32 rounded by ``cvt.rna.tf32.f32`` as it is
-  staged), or two half-precision values of consecutive taps. A block stages ``BM x BKW`` words of
-  A (row-major, rows :attr:`~convlib.cuda.tables.MmaTile.a_stride` apart) and ``BKW x BN`` of B
-  (rows :attr:`~convlib.cuda.tables.MmaTile.b_stride` apart) per step, double-buffered, the next
-  step's words fetched into registers while the current ones are multiplied (one barrier a step).
-  The strides put the words a fragment reads in 32 distinct banks.
+* Operands are 32-bit *words*: a TF32 value (float32 rounded by ``cvt.rna.tf32.f32``), or two
+  half-precision values of consecutive taps. A block stages ``BM x BKW`` words of A and
+  ``BKW x BN`` of B per step in one shared array, double-buffered, the next step's words fetched
+  into registers while the current ones are multiplied (one barrier a step). Row strides
+  (:class:`~convlib.cuda.tables.MmaTile`) put the words a fragment reads in distinct banks.
 * Each warp owns a ``WM x WN`` tile of C: ``WM/16 x WN/8`` products of 16 x 8, four float32
-  accumulators each per lane. Per 8 words of depth it reads its A and B fragments from shared
-  memory (one 32-bit load per register) and issues every product.
-* The epilogue adds the bias in float32 and rounds once to the output dtype (float32 for TF32).
+  accumulators each per lane. Per 8 words of depth it loads its A and B fragments from shared
+  memory and issues every product.
+* The epilogue adds the bias in float32, stages each warp's tile 16 rows at a time in shared
+  memory and stores rows of 32 pixels, rounded once to the output dtype.
+
+How the operands are read (:func:`operand_layout`) is the difference between three kernels:
+
+``"pixels"`` (:func:`channels_last_source` with ``pixels=True``)
+    1x1, stride-1, unpadded layers whose pixel counts and channels fill 16-byte chunks: B is the
+    image itself, read in 16-byte chunks of pixels, A the filters as they are.
+``"channels_last"`` (:func:`channels_last_source`)
+    Channels per group a multiple of 8 (4 in TF32): :func:`layout_kernels` copy the image to
+    NHWC words and the filters to ``(K, R, S, C/groups)``; 16-byte chunks of channels, one tap
+    decode per chunk, fragments by ``ldmatrix``.
+``"nchw"`` (:func:`mma_source`)
+    Anything else: B gathered from the NCHW image element by element, as the FP32 kernel does.
 
 So the half precisions are multiplied exactly (a product of two half values is exact in float32)
 and summed in float32, as cuDNN does; TF32 rounds each operand to 10 mantissa bits (relative
 error about 3e-4, like cuDNN's TF32).
 
-Under numba-cuda's simulator the same kernel runs with the products emulated
-(:func:`convlib.cuda.ptx.simulated_mma`): each product first stores every lane's fragment words
-in shared memory and synchronises.
+Under numba-cuda's simulator the same kernels run with the warp instructions emulated
+(:func:`convlib.cuda.ptx.simulated_mma`, :func:`~convlib.cuda.ptx.simulated_ldmatrix`): each
+first stores every lane's operand words in shared memory and synchronises.
+
+Cost of a new shape: every size except the batch is a compile-time constant, so a new layer shape
+compiles a new kernel (3-17 s on the GPU machine's host for the 64 x 64 warp tiles: numba types
+and lowers 128 unrolled accumulators), plus the two small layout kernels for channels-last.
 """
 
 from __future__ import annotations
@@ -51,13 +67,14 @@ def precision_of(dtype: str, allow_tf32: bool) -> str | None:
 
 def mma_source(key, tile: MmaTile, precision: str, simulator: bool = False,
                tap_table_bytes: int = 0) -> tuple[str, dict]:
-    """The generated kernel source and its constants (see the module docstring)."""
+    """The ``"nchw"`` kernel's source and constants: B gathered element by element from the NCHW
+    image (the FP32 kernel's gather lines, with the tap table), staged ``[k word][n]``; A from
+    the filters element by element."""
     epw = ELEMENTS_PER_WORD[precision]
     half = epw == 2
     BM, BN, BKW, WM, WN = tile.BM, tile.BN, tile.BKW, tile.WM, tile.WN
     BK = BKW * epw  # taps per step
     AS, BS = tile.a_stride, tile.b_stride
-    MT, NT = WM // 16, WN // 8
     threads = tile.threads
     a_row_step, b_row_step = threads // BKW, threads // BN
     M, KK = key.gemm_m, key.gemm_k
@@ -92,76 +109,31 @@ def mma_source(key, tile: MmaTile, precision: str, simulator: bool = False,
     multiply = _products(tile, precision, simulator, b_rows_are_pixels=False)
     epilogue = _epilogue(key, tile, precision, check_m, simulator)
 
-    align = "" if simulator else ", alignment=16"
-    exchange = ""
-    if simulator:
-        exchange = (f"    words = cuda.shared.array({tile.warps * 32 * FRAGMENT_WORDS}, uint32)\n"
-                    f"    warp_words = warp * U({32 * FRAGMENT_WORDS})\n"
-                    f"    lane_words = warp_words + lane * U({FRAGMENT_WORDS})\n")
-    source = f'''
-def mma_gemm(b, w, bias, y, n_images):
-    # IN b: flat x (N*C*H*W; uint16 bits for half dtypes); IN w (K*KK, likewise); IN bias (K,);
-    # OUT y (N*K*P*Q)
-    # 2 stages x BM rows x A_STRIDE words of A, then 2 stages x BKW rows x B_STRIDE words of B
-    a_stage = cuda.shared.array(SHARED_WORDS, uint32{align})
-    b_stage = a_stage
-{"    tap = cuda.const.array_like(TAP)   # (c*H*W + r*dh*W + s*dw, r*dh << 16 | s*dw) per k" if tap_table is not None else ""}
-    tid = U(cuda.threadIdx.x)
-    n0 = U(cuda.blockIdx.x) * BN
-    m0 = U(cuda.blockIdx.y) * BM
-    g = U(cuda.blockIdx.z)
-    ngemm = U(n_images) * PQ
-    M_LEFT = M - m0
-    lane = tid % U(32)
-    warp = tid // U(32)
-    lg = lane >> U(2)
-    lt = lane & U(3)
-{exchange}    # The warp's tile of C: rows warp_m.., columns warp_n.. of the block's.
-    warp_m = (warp // WARPS_N) * WM
-    warp_n = (warp % WARPS_N) * WN
-    # This thread's share of each A step: word column a_kw, rows a_m + {a_row_step}*i.
-    a_kw = tid % BKW
-    a_m = tid // BKW
-    a_k = a_kw * EPW
-    a_src = (g * M + m0 + a_m) * KK + a_k
-    a_store = a_m * A_STRIDE + a_kw
-    # Its share of each B step: column b_n (one output pixel), word rows b_kw + {b_row_step}*i.
-    b_n = tid % BN
-    b_kw = tid // BN
-    b_k = b_kw * EPW
-    b_store = B_BASE + b_kw * B_STRIDE + b_n
-    n = n0 + b_n
-    col_ok = n < ngemm
-    img = n // PQ
-    pq = n - img * PQ
-{indent(image_column_setup(key, tap_table), 1)}
-{indent([f"acc_{mi}_{nj}_{r} = zero" for mi in range(MT) for nj in range(NT) for r in range(4)], 1)}
-    k0 = U(0)
-{indent(fetch, 1)}
-    a_write = a_store
-    b_write = b_store
-{indent(store, 1)}
-    cuda.syncthreads()
-    for kt in range(K_TILES):
-        has_next = kt + ONE < K_TILES
-        if has_next:
-            k0 = (kt + ONE) * BK
-{indent(fetch, 3)}
-        stage = kt & ONE
-        a_read = stage * A_STAGE + (warp_m + lg) * A_STRIDE + lt
-        b_read = B_BASE + stage * B_STAGE + lt * B_STRIDE + warp_n + lg
-{indent(multiply, 2)}
-        if has_next:
-            a_write = (stage ^ ONE) * A_STAGE + a_store
-            b_write = (stage ^ ONE) * B_STAGE + b_store
-{indent(store, 3)}
-        cuda.syncthreads()
-    m_row = warp_m + lg
-    bias_row = g * M + m0 + m_row
-{indent(epilogue, 1)}
-'''
+    setup = [
+        f"# This thread's share of each A step: word column a_kw, rows a_m + {a_row_step}*i.",
+        "a_kw = tid % BKW",
+        "a_m = tid // BKW",
+        "a_k = a_kw * EPW",
+        "a_src = (g * M + m0 + a_m) * KK + a_k",
+        "a_store = a_m * A_STRIDE + a_kw",
+        f"# Its share of each B step: column b_n (one output pixel), word rows b_kw + {b_row_step}*i.",
+        "b_n = tid % BN",
+        "b_kw = tid // BN",
+        "b_k = b_kw * EPW",
+        "b_store = B_BASE + b_kw * B_STRIDE + b_n",
+        "n = n0 + b_n",
+        "col_ok = n < ngemm",
+        "img = n // PQ",
+        "pq = n - img * PQ",
+        *image_column_setup(key, tap_table),
+    ]
+    fragments = ["a_read = stage * A_STAGE + (warp_m + lg) * A_STRIDE + lt",
+                 "b_read = B_BASE + stage * B_STAGE + lt * B_STRIDE + warp_n + lg"]
+    source = _assemble(tile, simulator, "IN b: flat x (N*C*H*W; uint16 bits for half dtypes); IN w (K*KK, likewise)",
+                       "2 stages x BKW rows x B_STRIDE words of B", setup, fetch, store, fragments, multiply, epilogue,
+                       tap=tap_table is not None)
     constants = unsigned_constants(
-        BM=BM, BN=BN, BK=BK, BKW=BKW, WM=WM, WN=WN, WARPS_N=BN // WN, EPW=epw, M=M, KK=KK,
+        BM=BM, BN=BN, STEP=BK, BKW=BKW, WM=WM, WN=WN, WARPS_N=BN // WN, EPW=epw, M=M, KK=KK,
         PQ=key.P * key.Q, KPQ=key.K * key.P * key.Q, ONE=1, K_TILES=-(-KK // BK),
         A_STRIDE=AS, B_STRIDE=BS, A_STAGE=BM * AS, B_STAGE=BKW * BS,
     )
@@ -230,7 +202,7 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
     check_m = M % BM != 0
     check_k = KKW % BKW != 0
 
-    fetch = ["kw = k0w + j4"]
+    fetch = ["kw = k0 + j4"]
     if not pixels:
         fetch += ["tap = kw // CGW", "cw = kw - tap * CGW", "r = tap // S", "s = tap - r * S",
                   "ih_shift = I(r * DH)", "iw_shift = I(s * DW)"]
@@ -281,76 +253,36 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
         ]
     multiply = _products(tile, precision, simulator, b_rows_are_pixels=not pixels, a_ldmatrix=True)
     epilogue = _epilogue(key, tile, precision, check_m, simulator)
-    MT, NT = tile.WM // 16, tile.WN // 8
     # B's fragments: ldmatrix rows of pixels (channels-last), or words read [k word][n] (pixels)
     b_fragments = ("b_read = B_BASE + stage * B_STAGE + lt * B_STRIDE + warp_n + lg" if pixels else
-                   "b_matrix_rows = (B_BASE + stage * B_STAGE + (warp_n + (lane & U(7)) + (lane >> U(4)) * U(8)) * A_STRIDE"
-                   " + ((lane >> U(3)) & U(1)) * U(4))")
-    align = "" if simulator else ", alignment=16"
-    exchange = ""
-    if simulator:
-        exchange = (f"    words = cuda.shared.array({tile.warps * 32 * FRAGMENT_WORDS}, uint32)\n"
-                    f"    warp_words = warp * U({32 * FRAGMENT_WORDS})\n"
-                    f"    lane_words = warp_words + lane * U({FRAGMENT_WORDS})\n")
-    source = f'''
-def mma_gemm(b, w, bias, y, n_images):
-    # IN b: the image as NHWC words (N*H*W*C/EPW); IN w: filters as (K, R, S, C/groups) words;
-    # IN bias (K,); OUT y (N*K*P*Q)
-    # 2 stages x BM rows x A_STRIDE words of A, then 2 stages x BN pixels x A_STRIDE words of B
-    a_stage = cuda.shared.array(SHARED_WORDS, uint32{align})
-    b_stage = a_stage
-    tid = U(cuda.threadIdx.x)
-    n0 = U(cuda.blockIdx.x) * BN
-    m0 = U(cuda.blockIdx.y) * BM
-    g = U(cuda.blockIdx.z)
-    ngemm = U(n_images) * PQ
-    M_LEFT = M - m0
-    lane = tid % U(32)
-    warp = tid // U(32)
-    lg = lane >> U(2)
-    lt = lane & U(3)
-{exchange}    warp_m = (warp // WARPS_N) * WM
-    warp_n = (warp % WARPS_N) * WN
-    # This thread's chunks of each step: chunk j4/4 of rows a_row + {row_step}*i of A and of
-    # pixels b_row + {row_step}*i of B.
-    j4 = (tid % CPR) * U(4)
-    a_row = tid // CPR
-    b_row = a_row
-    a_src = g * M + m0 + a_row
-    a_store = a_row * A_STRIDE + j4
-    b_store = {"B_BASE + (tid // PIXEL_UNITS) * B_STRIDE + (tid % PIXEL_UNITS) * (BN // PIXEL_UNITS)" if pixels
-               else "B_BASE + b_row * A_STRIDE + j4"}
-{indent(columns, 1)}
-{indent([f"acc_{mi}_{nj}_{r} = zero" for mi in range(MT) for nj in range(NT) for r in range(4)], 1)}
-    k0w = U(0)
-{indent(fetch, 1)}
-    a_write = a_store
-    b_write = b_store
-{indent(store, 1)}
-    cuda.syncthreads()
-    for kt in range(K_TILES):
-        has_next = kt + ONE < K_TILES
-        if has_next:
-            k0w = (kt + ONE) * BKW
-{indent(fetch, 3)}
-        stage = kt & ONE
-        # ldmatrix rows: lane l names row (l & 7) + 8 * ((l >> 3) & 1), words 4 * (l >> 4) of
-        # A's 16 x 8 fragment, and pixel (l & 7) + 8 * (l >> 4), words 4 * ((l >> 3) & 1) of two
-        # products' B (see convlib.cuda.ptx).
-        a_matrix_rows = stage * A_STAGE + (warp_m + (lane & U(7)) + (lane & U(8))) * A_STRIDE + (lane >> U(4)) * U(4)
-        {b_fragments}
-{indent(multiply, 2)}
-        if has_next:
-            a_write = (stage ^ ONE) * A_STAGE + a_store
-            b_write = (stage ^ ONE) * B_STAGE + b_store
-{indent(store, 3)}
-        cuda.syncthreads()
-    m_row = warp_m + lg
-    bias_row = g * M + m0 + m_row
-{indent(epilogue, 1)}
-'''
+                   "b_matrix_rows = (B_BASE + stage * B_STAGE + (warp_n + (lane & U(7)) + (lane >> U(4)) * U(8))"
+                   " * A_STRIDE + ((lane >> U(3)) & U(1)) * U(4))")
+    setup = [
+        f"# This thread's chunks of each step: chunk j4/4 of rows a_row + {row_step}*i of A"
+        + ("." if pixels else f" and of pixels b_row + {row_step}*i of B."),
+        "j4 = (tid % CPR) * U(4)",
+        "a_row = tid // CPR",
+        "b_row = a_row",
+        "a_src = g * M + m0 + a_row",
+        "a_store = a_row * A_STRIDE + j4",
+        "b_store = " + ("B_BASE + (tid // PIXEL_UNITS) * B_STRIDE + (tid % PIXEL_UNITS) * (BN // PIXEL_UNITS)"
+                        if pixels else "B_BASE + b_row * A_STRIDE + j4"),
+        *columns,
+    ]
+    fragments = [
+        "# ldmatrix rows: lane l names row (l & 7) + 8 * ((l >> 3) & 1), words 4 * (l >> 4) of",
+        "# A's 16 x 8 fragment, and pixel (l & 7) + 8 * (l >> 4), words 4 * ((l >> 3) & 1) of two",
+        "# products' B (see convlib.cuda.ptx).",
+        "a_matrix_rows = stage * A_STAGE + (warp_m + (lane & U(7)) + (lane & U(8))) * A_STRIDE + (lane >> U(4)) * U(4)",
+        b_fragments,
+    ]
+    operands = ("IN b: the image as uint32 words (pairs of pixels in half precision); IN w: the filters likewise"
+                if pixels else "IN b: the image as NHWC words (N*H*W*C/EPW); IN w: filters as (K, R, S, C/groups) words")
+    source = _assemble(tile, simulator, operands,
+                       "2 stages x BKW rows x B_STRIDE words of B" if pixels else "2 stages x BN pixels x A_STRIDE words of B",
+                       setup, fetch, store, fragments, multiply, epilogue)
     constants = unsigned_constants(
-        BM=BM, BN=BN, BKW=BKW, WM=tile.WM, WN=tile.WN, WARPS_N=BN // tile.WN, M=M, KKW=KKW, CGW=CGW,
+        BM=BM, BN=BN, STEP=BKW, BKW=BKW, WM=tile.WM, WN=tile.WN, WARPS_N=BN // tile.WN, M=M, KKW=KKW, CGW=CGW,
         CW=key.C // epw, HWCW=key.H * key.W * key.C // epw, CPR=CPR, PQ=key.P * key.Q,
         KPQ=key.K * key.P * key.Q, ONE=1, K_TILES=-(-KKW // BKW), A_STRIDE=AS, A_STAGE=BM * AS,
         B_STAGE=BKW * tile.b_stride if pixels else BN * AS, B_STRIDE=tile.b_stride,
@@ -384,9 +316,9 @@ def _pixel_units(key, tile: MmaTile, precision: str, check_k: bool):
     ]
     fetch, store = [], []
     for i in range(units):
-        cond = ["b_ok"] + ([f"k0w + b_kw + U({step * i}) < KKW"] if check_k else [])
+        cond = ["b_ok"] + ([f"k0 + b_kw + U({step * i}) < KKW"] if check_k else [])
         names = [f"b_next_{i}_{j}" for j in range(pixels)]
-        row = f"k0w + b_kw + U({step * i})"
+        row = f"k0 + b_kw + U({step * i})"
         fetch.append(f"if {' and '.join(cond)}:")
         if half:
             # word row kw holds channels 2kw (low halves) and 2kw + 1 (high) of 8 pixels
@@ -403,6 +335,68 @@ def _pixel_units(key, tile: MmaTile, precision: str, check_k: bool):
             words = ", ".join(names[4 * half_unit:4 * half_unit + 4])
             store.append(f"store4(b_stage, b_write + U({step * i * BS + 4 * half_unit}), {words})")
     return fetch, store, columns, units
+
+
+def _assemble(tile: MmaTile, simulator: bool, operands: str, b_stage: str, setup, fetch, store, fragments,
+              multiply, epilogue, tap: bool = False) -> str:
+    """The kernel every tensor-core source shares, around its generated parts: ``setup`` (this
+    thread's share of the steps), ``fetch`` (the next step into registers, from ``k0``; a step
+    is ``STEP`` taps or words), ``store`` (registers to the stage ``a_write`` / ``b_write``),
+    ``fragments`` (the stage's fragment addresses), ``multiply`` and ``epilogue``."""
+    MT, NT = tile.WM // 16, tile.WN // 8
+    align = "" if simulator else ", alignment=16"
+    exchange = []
+    if simulator:  # the emulated warp instructions exchange operands here (convlib.cuda.ptx)
+        exchange = [f"words = cuda.shared.array({tile.warps * 32 * FRAGMENT_WORDS}, uint32)",
+                    f"warp_words = warp * U({32 * FRAGMENT_WORDS})",
+                    f"lane_words = warp_words + lane * U({FRAGMENT_WORDS})"]
+    tap_line = "    tap = cuda.const.array_like(TAP)   # (c*H*W + r*dh*W + s*dw, r*dh << 16 | s*dw) per k" if tap else ""
+    return f'''
+def mma_gemm(b, w, bias, y, n_images):
+    # {operands}; IN bias (K,); OUT y (N*K*P*Q)
+    # 2 stages x BM rows x A_STRIDE words of A, then {b_stage}
+    a_stage = cuda.shared.array(SHARED_WORDS, uint32{align})
+    b_stage = a_stage
+{tap_line}
+    tid = U(cuda.threadIdx.x)
+    n0 = U(cuda.blockIdx.x) * BN
+    m0 = U(cuda.blockIdx.y) * BM
+    g = U(cuda.blockIdx.z)
+    ngemm = U(n_images) * PQ
+    M_LEFT = M - m0
+    lane = tid % U(32)
+    warp = tid // U(32)
+    lg = lane >> U(2)
+    lt = lane & U(3)
+{indent(exchange, 1)}
+    # The warp's tile of C: rows warp_m.., columns warp_n.. of the block's.
+    warp_m = (warp // WARPS_N) * WM
+    warp_n = (warp % WARPS_N) * WN
+{indent(setup, 1)}
+{indent([f"acc_{mi}_{nj}_{r} = zero" for mi in range(MT) for nj in range(NT) for r in range(4)], 1)}
+    k0 = U(0)
+{indent(fetch, 1)}
+    a_write = a_store
+    b_write = b_store
+{indent(store, 1)}
+    cuda.syncthreads()
+    for kt in range(K_TILES):
+        has_next = kt + ONE < K_TILES
+        if has_next:
+            k0 = (kt + ONE) * STEP
+{indent(fetch, 3)}
+        stage = kt & ONE
+{indent(fragments, 2)}
+{indent(multiply, 2)}
+        if has_next:
+            a_write = (stage ^ ONE) * A_STAGE + a_store
+            b_write = (stage ^ ONE) * B_STAGE + b_store
+{indent(store, 3)}
+        cuda.syncthreads()
+    m_row = warp_m + lg
+    bias_row = g * M + m0 + m_row
+{indent(epilogue, 1)}
+'''
 
 
 def _word_constants(simulator: bool, precision: str) -> dict:
