@@ -111,8 +111,8 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
     Parameters
     ----------
     x : array, shape (N, C, H, W)
-        Input, float32 or float64 (every device), float16 or bfloat16 (CUDA: computed in float32,
-        the result rounded once; other devices raise ``TypeError``). A numpy array (or
+        Input, float32 or float64 (every device), float16 or bfloat16 (CUDA: products exact,
+        sums in float32, the result rounded once; other devices raise ``TypeError``). A numpy array (or
         array-like), a PyTorch tensor, a dpnp /
         dpctl.tensor array, a CUDA array (CuPy, numba device array, PyTorch CUDA tensor), or a
         Dask array (the result is then a lazy Dask array, each block computed by this function:
@@ -144,9 +144,10 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
         None follows the data; ``"cpu"``; ``"sycl"`` or a dpctl filter string; ``"cuda"``/``"cuda:N"``.
         :func:`devices` lists what this machine offers.
     allow_tf32 : bool, optional
-        Let float32 GEMMs on an NVIDIA GPU use TF32 tensor cores (about 3e-4 relative error; the
-        cuBLAS GEMMs of ``im2col`` and ``winograd``); everything else stays exact. None (default)
-        follows ``convlib.options.allow_tf32``, which is False: exact FP32.
+        Let float32 GEMMs on an NVIDIA GPU use TF32 tensor cores (about 3e-4 relative error;
+        ``blis``'s own tensor-core kernel and the cuBLAS GEMMs of ``im2col`` and ``winograd2``);
+        everything else stays exact. None (default) follows ``convlib.options.allow_tf32``, which
+        is False: exact FP32.
 
     Returns
     -------

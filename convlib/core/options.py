@@ -69,7 +69,8 @@ class Options:
         Whether float32 GEMMs on NVIDIA GPUs may run on tensor cores in TF32 (inputs rounded to
         10 mantissa bits, FP32 accumulation): about 3e-4 relative error instead of ~1e-6, like
         cuDNN's and PyTorch's ``allow_tf32``. A permission, not a request: it applies where a TF32
-        path exists (the cuBLAS GEMMs of ``im2col`` and ``winograd`` on CUDA) and everything else
+        path exists (on CUDA: ``blis``'s tensor-core kernel, the cuBLAS GEMMs of ``im2col`` and
+        ``winograd2``) and everything else
         stays exact. Default False: exact FP32, which ``auto`` also keeps. The ``allow_tf32``
         keyword of :func:`convlib.conv2d` sets it for one call.
     """
