@@ -595,6 +595,21 @@ def test_pieces_under_a_small_workspace_cap(dtype, poisoned_outputs):
     assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[dtype]
 
 
+@needs_cuda
+def test_tensor_core_copies_come_in_pieces_under_a_small_workspace_cap(poisoned_outputs):
+    """The channels-last copies are blis's workspace: a cap below them cuts the batch into pieces."""
+    shape, layout = TENSOR_SIMULATOR_CASES["tc-groups-asympad-dilation"]
+    N, C, H, W, K, R, S, stride, padding, dilation, groups, bias = shape
+    problem = ConvProblem(3, C, H, W, K, R, S, stride, padding, dilation, groups, "float16", bias)
+    x, w, b = random_inputs(problem, seed=27)
+    plan = convlib.dispatch.plan.make_plan("conv2d", problem, "cuda", "blis")
+    assert layout == "channels_last" and plan.workspace_bytes() > 0
+    with convlib.option_context(workspace_cap=plan.workspace_bytes() // 2):
+        assert len(plan.pieces(convlib.options.workspace_cap)) > 1
+        y = convlib.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                           algo="blis", device="cuda")
+    assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float16"]
+
 @needs_gpu
 def test_pieces_on_a_side_stream():
     """Pieces of a PyTorch call on a side stream (non-blocking) are written on that stream."""
@@ -640,6 +655,24 @@ def test_torch_half_tensors_in_and_out(algo, dtype):
     err = relative_error(ty.double().cpu().numpy(), conv2d_reference_for(problem, *halves))
     assert err <= TOLERANCE[dtype], f"cuda/{algo} {dtype}: relative error {err:.3e}"
 
+
+@needs_gpu
+@pytest.mark.parametrize("case", ["tc-resnet-3x3", "tc-1x1-resnet-pixels", "tc-many-tiles-odd"])
+@pytest.mark.parametrize("dtype", HALVES)
+def test_torch_half_tensors_on_tensor_cores(case, dtype):
+    """PyTorch half tensors through each of blis's tensor-core operand layouts (their views as
+    bits and words, and the channels-last copies from PyTorch's allocator)."""
+    torch = _torch_cuda()
+    shape, _ = TENSOR_GPU_CASES[case]
+    N, C, H, W, K, R, S, stride, padding, dilation, groups, bias = shape
+    problem = ConvProblem(N, C, H, W, K, R, S, stride, padding, dilation, groups, dtype, bias)
+    x, w, b = random_inputs(replace(problem, dtype="float32"), seed=28)
+    tx, tw, tb = (torch.from_numpy(a).cuda().to(getattr(torch, dtype)) for a in (x, w, b))
+    ty = convlib.conv2d(tx, tw, tb, stride=stride, padding=padding, dilation=dilation, groups=groups, algo="blis")
+    assert isinstance(ty, torch.Tensor) and ty.dtype == tx.dtype and tuple(ty.shape) == problem.y_shape
+    halves = [t.double().cpu().numpy() for t in (tx, tw, tb)]
+    err = relative_error(ty.double().cpu().numpy(), conv2d_reference_for(problem, *halves))
+    assert err <= TOLERANCE[dtype], f"blis {dtype} {case}: relative error {err:.3e}"
 
 @needs_gpu
 def test_cupy_float16_in_cupy_float16_out():
