@@ -20,6 +20,7 @@ compiles a new kernel (about a second); the batch size is a run-time argument.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,7 +30,6 @@ from .tiles import choose_gemm_tile, choose_mma_tile
 from .gemm import IMAGE, gemm_kernel, gemm_launch_shape, shape_key
 from .launch import MAX_GRID_Y, flat, placeholder_bias
 from .tensor_gemm import layout_kernels, mma_kernel, mma_launch_shape, operand_layout, precision_of
-from .ptx import ELEMENTS_PER_WORD
 
 #: float16 and bfloat16 problems are computed by this module's own kernels (tensor cores), not
 #: through float32 copies (:meth:`convlib.cuda.backend.CudaBackend.widened`).
@@ -46,12 +46,23 @@ def supports(problem) -> str | None:
 def workspace_bytes(problem, device=None) -> int:
     """None on FMAs: tiles of B are gathered from the image into shared memory. On tensor cores,
     the channels-last copies of the image and the filters where that kernel serves the problem
-    (:func:`convlib.cuda.tensor_gemm.channels_last_eligible`)."""
+    (:func:`convlib.cuda.tensor_gemm.operand_layout`)."""
     precision = precision_of(problem.dtype, options.allow_tf32)
     if precision is None or operand_layout(problem, precision) != "channels_last":
         return 0
-    itemsize = 4 if precision == "tf32" else 2
-    return itemsize * (problem.N * problem.C * problem.H * problem.W + problem.K * problem.gemm_k)
+    return problem.itemsize * (problem.N * problem.C * problem.H * problem.W + problem.K * problem.gemm_k)
+
+
+class _Launch(NamedTuple):
+    """What a call launches: the GEMM kernel and its shape, how its operands come (None: the
+    FP32 FMA kernel; else :func:`~convlib.cuda.tensor_gemm.operand_layout`'s answer) and, for
+    ``"channels_last"``, the kernels that copy them so."""
+
+    kernel: object
+    grid: tuple
+    block: int
+    operands: str | None
+    layout_kernels: tuple | None
 
 
 def run(problem, x, w, bias, device):
@@ -62,56 +73,57 @@ def run(problem, x, w, bias, device):
         if problem.N == 0:
             return y
         precision = precision_of(problem.dtype, options.allow_tf32)
-        kernel, grid, block, layout = _plan(problem, precision, target.multiprocessors, target.simulator, KNOBS.state())
-        half = precision in ("float16", "bfloat16")
-        # The tensor-core kernels read and write half values as their bits.
-        bits = _bits if half else (lambda arr: arr)
-        b = bits(bias) if bias is not None else placeholder_bias("uint16" if half else problem.dtype, target)
-        if layout == "pixels":
-            operands = flat(x).view(np.uint32), flat(w).view(np.uint32)
-        elif layout is not None:
-            operands = _channels_last_operands(problem, precision, layout, bits(flat(x)), bits(flat(w)), target)
+        launch = _plan(problem, precision, target.multiprocessors, target.simulator, KNOBS.state())
+        x, w, y_flat = flat(x), flat(w), flat(y)
+        if precision is None:
+            b = bias if bias is not None else placeholder_bias(problem.dtype, target)
+            operands = x, w
         else:
-            operands = bits(flat(x)), bits(flat(w))
-        kernel[grid, block, target.stream](*operands, b, bits(flat(y)), problem.N)
+            b = _bits(bias) if bias is not None else placeholder_bias("float32" if precision == "tf32" else "uint16", target)
+            y_flat = _bits(y_flat)
+            if launch.operands == "pixels":
+                operands = x.view(np.uint32), w.view(np.uint32)
+            elif launch.operands == "channels_last":
+                operands = _channels_last_operands(problem, precision, launch.layout_kernels, _bits(x), _bits(w), target)
+            else:
+                operands = _bits(x), _bits(w)
+        launch.kernel[launch.grid, launch.block, target.stream](*operands, b, y_flat, problem.N)
     return y
 
 
-def _channels_last_operands(problem, precision: str, layout, x, w, target):
+def _channels_last_operands(problem, precision: str, layout_kernels, x, w, target):
     """The image as NHWC words and the filters as ``(K, R, S, C/groups)`` words, for the
-    channels-last tensor-core kernel (TF32 rounded on the way)."""
-    to_channels_last, filters_channels_last = layout
-    words = (lambda n: target.empty((n,), np.float32).view(np.uint32)) if precision == "tf32" else (
-        lambda n: _bits(target.empty((n,), problem.dtype)))
-    epw = ELEMENTS_PER_WORD[precision]
-    xt, wt = words(x.size), words(w.size)
-    hw = problem.H * problem.W
-    grid = (-(-hw // 32), -(-problem.C // 32), min(problem.N, MAX_GRID_Y))
+    channels-last tensor-core kernel (TF32 rounded on the way): new arrays of the problem's
+    dtype, written by the layout kernels as the kernel's element type and read as words."""
+    to_channels_last, filters_channels_last = layout_kernels
+    xt, wt = (_bits(target.empty((a.size,), problem.dtype)) for a in (x, w))
+    if precision == "tf32":  # written as rounded words
+        xt, wt = xt.view(np.uint32), wt.view(np.uint32)
+    grid = (-(-problem.H * problem.W // 32), -(-problem.C // 32), min(problem.N, MAX_GRID_Y))
     to_channels_last[grid, (32, 8), target.stream](x, xt, problem.N)
     threads = 256
     filters_channels_last[-(-w.size // threads), threads, target.stream](w, wt)
-    as_words = (lambda a: a) if epw == 1 else (lambda a: a.view(np.uint32))
-    return as_words(xt), as_words(wt)
+    return xt.view(np.uint32), wt.view(np.uint32)
 
 
 def _bits(arr):
-    """A float16 device array as its uint16 bits (bfloat16 arrays already are)."""
-    return arr if arr.dtype == np.uint16 else arr.view(np.uint16)
+    """A float16 device array as its uint16 bits (bfloat16 arrays already are; float32 ones stay
+    as they are: the TF32 kernels read float32)."""
+    return arr.view(np.uint16) if arr.dtype == np.float16 else arr
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(problem, precision, multiprocessors: int, simulator: bool, knobs: tuple):
-    """Kernel, launch shape and how its operands come (None: as they are, element by element;
-    ``"pixels"``: as they are, as words; else the channels-last layout kernels) for ``problem`` on tensor cores in ``precision`` (None: the FP32 FMA kernel); cached on the knob overrides in force, ``knobs``: the host cost of a repeated
-    call is the launch."""
+def _plan(problem, precision, multiprocessors: int, simulator: bool, knobs: tuple) -> _Launch:
+    """What ``problem`` launches on tensor cores in ``precision`` (None: the FP32 FMA kernel);
+    cached on the knob overrides in force, ``knobs``: the host cost of a repeated call is the
+    launch."""
     key = shape_key(problem)
-    if precision is not None:
-        tile = choose_mma_tile(problem, precision, multiprocessors, simulator)
-        operands = operand_layout(problem, precision)
-        kernel = mma_kernel(key, tile, precision, operands, simulator, KNOBS.tap_table_bytes)
-        layout = {"channels_last": layout_kernels(key, precision, simulator), "pixels": "pixels"}.get(operands)
-        return (kernel, *mma_launch_shape(problem, tile, problem.N), layout)
-    tile = choose_gemm_tile(problem, multiprocessors, simulator)
-    kernel = gemm_kernel(key, tile, IMAGE, simulator, KNOBS.tap_table_bytes)
-    grid, block = gemm_launch_shape(problem, tile, problem.N)
-    return kernel, grid, block, None
+    if precision is None:
+        tile = choose_gemm_tile(problem, multiprocessors, simulator)
+        kernel = gemm_kernel(key, tile, IMAGE, simulator, KNOBS.tap_table_bytes)
+        return _Launch(kernel, *gemm_launch_shape(problem, tile, problem.N), None, None)
+    tile = choose_mma_tile(problem, precision, multiprocessors, simulator)
+    operands = operand_layout(problem, precision)
+    kernel = mma_kernel(key, tile, precision, operands, simulator, KNOBS.tap_table_bytes)
+    layout = layout_kernels(key, precision, simulator) if operands == "channels_last" else None
+    return _Launch(kernel, *mma_launch_shape(problem, tile, problem.N), operands, layout)

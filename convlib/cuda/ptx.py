@@ -50,9 +50,9 @@ FRAGMENT_WORDS = 6
 def instructions(simulator: bool) -> dict:
     """The names generated kernels call: ``mma_tf32``, ``mma_float16``, ``mma_bfloat16`` (each
     ``(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3)``), ``tf32_word(f32)``,
-    ``float16_bits(f32)``, ``bfloat16_bits(f32)`` (round to nearest even), ``float16_value(bits)``
-    ``bits_value(u32)`` (a float32 from its bits) and ``float_bits(f32)`` (its bits); ``load4(array, i)`` and ``store4(array, i,
-    w0, w1, w2, w3)``: four uint32 words at ``array[i:i + 4]`` in one 16-byte access (``i`` a
+    ``float16_bits(f32)``, ``bfloat16_bits(f32)`` (round to nearest even), ``float16_value(bits)``,
+    ``bits_value(u32)`` (a float32 from its bits) and ``float_bits(f32)`` (its bits);
+    ``load4(array, i)`` and ``store4(array, i, w0, w1, w2, w3)``: four uint32 words at ``array[i:i + 4]`` in one 16-byte access (``i`` a
     multiple of 4 and the array 16-byte aligned: the caller's promise); ``ldmatrix4(array, i)``:
     the warp's ``ldmatrix.x4`` from a shared array, each lane naming one row of four words (lanes
     ``8j..8j + 7`` the rows of matrix ``j``; 16-byte aligned) and receiving word ``l & 3`` of row
@@ -75,8 +75,12 @@ def _device() -> dict:
     intrinsic, types = kernel_extension_api()
     f32, i32, i16 = ir.FloatType(), ir.IntType(32), ir.IntType(16)
 
-    def asm(builder, result, operands, text, constraints, args):
-        return builder.call(ir.InlineAsm(ir.FunctionType(result, operands), text, constraints), args)
+    def asm(builder, result, operands, text, constraints, args, side_effect=False):
+        function = ir.FunctionType(result, operands)
+        return builder.call(ir.InlineAsm(function, text, constraints, side_effect=side_effect), args)
+
+    def element_pointer(context, builder, array_type, array, index):
+        return builder.gep(context.make_array(array_type)(context, builder, array).data, [index])
 
     def product(precision):
         # The four accumulators are tied to the results ("0".."3"): NVVM keeps them in place.
@@ -105,25 +109,19 @@ def _device() -> dict:
         typer.__name__ = name
         return intrinsic(typer)
 
-    def bits_value_typer(typingctx, bits):
-        def codegen(context, builder, sig, args):
-            return builder.bitcast(args[0], f32)
+    def bitcast(name, restype, argtype, result):
+        def typer(typingctx, value):
+            def codegen(context, builder, sig, args):
+                return builder.bitcast(args[0], result)
 
-        return types.float32(types.uint32), codegen
+            return restype(argtype), codegen
 
-    bits_value_typer.__name__ = "bits_value"
-
-    def float_bits_typer(typingctx, value):
-        def codegen(context, builder, sig, args):
-            return builder.bitcast(args[0], i32)
-
-        return types.uint32(types.float32), codegen
-
-    float_bits_typer.__name__ = "float_bits"
+        typer.__name__ = name
+        return intrinsic(typer)
 
     def word_pointer(context, builder, array_type, array, index):
-        data = context.make_array(array_type)(context, builder, array).data
-        return builder.bitcast(builder.gep(data, [index]), ir.VectorType(i32, 4).as_pointer())
+        pointer = element_pointer(context, builder, array_type, array, index)
+        return builder.bitcast(pointer, ir.VectorType(i32, 4).as_pointer())
 
     def load4_typer(typingctx, array, index):
         def codegen(context, builder, sig, args):
@@ -149,11 +147,11 @@ def _device() -> dict:
                 "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0,$1,$2,$3}, [shared_address]; }")
 
         def codegen(context, builder, sig, args):
-            data = context.make_array(sig.args[0])(context, builder, args[0]).data
-            address = builder.ptrtoint(builder.gep(data, [args[1]]), ir.IntType(64))
+            pointer = element_pointer(context, builder, sig.args[0], *args)
+            address = builder.ptrtoint(pointer, ir.IntType(64))
             # side_effect: the read must stay between the barriers that order the stage's writes.
-            result = builder.call(ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 4), [ir.IntType(64)]),
-                                               text, "=r,=r,=r,=r,l", side_effect=True), [address])
+            result = asm(builder, ir.LiteralStructType([i32] * 4), [ir.IntType(64)], text, "=r,=r,=r,=r,l",
+                         [address], side_effect=True)
             words = [builder.extract_value(result, j) for j in range(4)]
             return context.make_tuple(builder, sig.return_type, words)
 
@@ -170,8 +168,8 @@ def _device() -> dict:
                                  "cvt.rn.bf16.f32 $0, $1;", "=h,f"),
         float16_value=conversion("float16_value", types.float32, types.uint16, f32, i16,
                                  "cvt.f32.f16 $0, $1;", "=f,h"),
-        bits_value=intrinsic(bits_value_typer),
-        float_bits=intrinsic(float_bits_typer),
+        bits_value=bitcast("bits_value", types.float32, types.uint32, f32),
+        float_bits=bitcast("float_bits", types.uint32, types.float32, i32),
         load4=intrinsic(load4_typer),
         store4=intrinsic(store4_typer),
         ldmatrix4=intrinsic(ldmatrix4_typer),
@@ -194,7 +192,7 @@ def simulated_tf32_word(value) -> np.uint32:
     bits = _as_bits32(value)
     if (bits & 0x7F800000) == 0x7F800000:
         return np.uint32(bits)
-    return np.uint32(((bits + 0x1000) & 0xFFFFE000) & 0xFFFFFFFF)
+    return np.uint32((bits + 0x1000) & 0xFFFFE000)
 
 
 def simulated_float16_bits(value) -> np.uint16:

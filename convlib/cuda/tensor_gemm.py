@@ -109,7 +109,7 @@ def mma_source(key, tile: MmaTile, precision: str, simulator: bool = False,
     store = [f"a_stage[a_write + U({a_row_step * i * AS})] = a_next_{i}" for i in range(tile.a_per_thread)]
     store += [f"b_stage[b_write + U({b_row_step * i * BS})] = b_next_{i}" for i in range(tile.b_per_thread)]
 
-    multiply = _products(tile, precision, simulator, b_rows_are_pixels=False)
+    multiply = _products(tile, precision, simulator, a_ldmatrix=False, b_ldmatrix=False)
     epilogue = _epilogue(key, tile, precision, check_m, simulator)
 
     setup = [
@@ -197,18 +197,14 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
     CPR = BKW // 4  # chunks per staged row
     threads = tile.threads
     row_step = threads // CPR
-    a_chunks, b_chunks = BM * CPR // threads, BN * CPR // threads
+    a_chunks = BM * CPR // threads
     M = key.gemm_m
     CGW = key.C_per_group // epw
     KKW = key.R * key.S * CGW
-    padded = any(key.padding)
     check_m = M % BM != 0
     check_k = KKW % BKW != 0
 
     fetch = ["kw = k0 + j4"]
-    if not pixels:
-        fetch += ["tap = kw // CGW", "cw = kw - tap * CGW", "r = tap // S", "s = tap - r * S",
-                  "ih_shift = I(r * DH)", "iw_shift = I(s * DW)"]
     for i in range(a_chunks):
         cond = ([f"a_row + U({row_step * i}) < M_LEFT"] if check_m else []) + (["kw < KKW"] if check_k else [])
         words = ", ".join(f"a_next_{i}_{j}" for j in range(4))
@@ -220,41 +216,12 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
                       f"    {' = '.join(f'a_next_{i}_{j}' for j in range(4))} = ZERO32"]
         else:
             fetch += load
-    if pixels:
-        fetch_b, store_b, columns, b_units = _pixel_units(key, tile, precision, check_k)
-        b_chunks = 0
-    for i in range(b_chunks):
-        cond = [f"col_ok_{i}"] + (["kw < KKW"] if check_k else [])
-        fetch += [f"ih = ih0_{i} + ih_shift", f"iw = iw0_{i} + iw_shift"]
-        if padded:
-            cond += ["U(ih) < H", "U(iw) < W"]
-        words = ", ".join(f"b_next_{i}_{j}" for j in range(4))
-        fetch += [f"if {' and '.join(cond)}:",
-                  f"    {words} = load4(b, pix_{i} + (U(ih) * W + U(iw)) * CW + cw)",
-                  "else:",
-                  f"    {' = '.join(f'b_next_{i}_{j}' for j in range(4))} = ZERO32"]
     store = [f"store4(a_stage, a_write + U({row_step * i * AS}), {', '.join(f'a_next_{i}_{j}' for j in range(4))})"
              for i in range(a_chunks)]
-    store += [f"store4(b_stage, b_write + U({row_step * i * AS}), {', '.join(f'b_next_{i}_{j}' for j in range(4))})"
-              for i in range(b_chunks)]
-    if pixels:
-        fetch += fetch_b
-        store += store_b
-    else:
-        columns = []
-    for i in range(b_chunks):
-        columns += [
-            f"n = n0 + b_row + U({row_step * i})",
-            f"col_ok_{i} = n < ngemm",
-            "img = n // PQ",
-            "pq = n - img * PQ",
-            "p = pq // Q",
-            "q = pq - p * Q",
-            f"ih0_{i} = I(p * SH) - TOP",
-            f"iw0_{i} = I(q * SW) - LEFT",
-            f"pix_{i} = img * HWCW + g * CGW",
-        ]
-    multiply = _products(tile, precision, simulator, b_rows_are_pixels=not pixels, a_ldmatrix=True)
+    fetch_b, store_b, columns = (_pixel_units if pixels else _channel_chunks)(key, tile, precision, check_k)
+    fetch += fetch_b
+    store += store_b
+    multiply = _products(tile, precision, simulator, a_ldmatrix=True, b_ldmatrix=not pixels)
     epilogue = _epilogue(key, tile, precision, check_m, simulator)
     # B's fragments: ldmatrix rows of pixels (channels-last), or words read [k word][n] (pixels)
     b_fragments = ("b_read = B_BASE + stage * B_STAGE + lt * B_STRIDE + warp_n + lg" if pixels else
@@ -298,6 +265,40 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
     return source, constants
 
 
+def _channel_chunks(key, tile: MmaTile, precision: str, check_k: bool):
+    """Generated fetch, store and setup lines of the channels-last kernel's B (see
+    :func:`channels_last_source`): this thread's chunks are chunk ``j4 / 4`` of pixels
+    ``b_row + step * i``, read from the NHWC words at the step's tap."""
+    chunks_per_row = tile.BKW // 4
+    step = tile.threads // chunks_per_row
+    padded = any(key.padding)
+    check_k_cond = ["kw < KKW"] if check_k else []
+    fetch = ["tap = kw // CGW", "cw = kw - tap * CGW", "r = tap // S", "s = tap - r * S",
+             "ih_shift = I(r * DH)", "iw_shift = I(s * DW)"]
+    store, columns = [], []
+    for i in range(tile.BN * chunks_per_row // tile.threads):
+        cond = [f"col_ok_{i}"] + check_k_cond + (["U(ih) < H", "U(iw) < W"] if padded else [])
+        names = [f"b_next_{i}_{j}" for j in range(4)]
+        fetch += [f"ih = ih0_{i} + ih_shift", f"iw = iw0_{i} + iw_shift",
+                  f"if {' and '.join(cond)}:",
+                  f"    {', '.join(names)} = load4(b, pix_{i} + (U(ih) * W + U(iw)) * CW + cw)",
+                  "else:",
+                  f"    {' = '.join(names)} = ZERO32"]
+        store.append(f"store4(b_stage, b_write + U({step * i * tile.a_stride}), {', '.join(names)})")
+        columns += [
+            f"n = n0 + b_row + U({step * i})",
+            f"col_ok_{i} = n < ngemm",
+            "img = n // PQ",
+            "pq = n - img * PQ",
+            "p = pq // Q",
+            "q = pq - p * Q",
+            f"ih0_{i} = I(p * SH) - TOP",
+            f"iw0_{i} = I(q * SW) - LEFT",
+            f"pix_{i} = img * HWCW + g * CGW",
+        ]
+    return fetch, store, columns
+
+
 def _pixel_units(key, tile: MmaTile, precision: str, check_k: bool):
     """Generated fetch, store and setup lines of the in-place kernel's B (see
     :func:`channels_last_source`): this thread's units are word rows ``b_kw + step * i`` of its
@@ -337,7 +338,7 @@ def _pixel_units(key, tile: MmaTile, precision: str, check_k: bool):
         for half_unit in range(pixels // 4):
             words = ", ".join(names[4 * half_unit:4 * half_unit + 4])
             store.append(f"store4(b_stage, b_write + U({step * i * BS + 4 * half_unit}), {words})")
-    return fetch, store, columns, units
+    return fetch, store, columns
 
 
 def _assemble(tile: MmaTile, simulator: bool, operands: str, b_stage: str, setup, fetch, store, fragments,
@@ -471,15 +472,14 @@ def filters_channels_last(w, wt):
             compile_kernel(source, "filters_channels_last", constants, simulator=simulator))
 
 
-def _products(tile: MmaTile, precision: str, simulator: bool, b_rows_are_pixels: bool,
-              a_ldmatrix: bool | None = None) -> list[str]:
+def _products(tile: MmaTile, precision: str, simulator: bool, a_ldmatrix: bool, b_ldmatrix: bool) -> list[str]:
     """Generated lines of one staged step: each warp's fragments read from shared memory and
-    every product issued. A is staged ``[m][k word]``; B ``[k word][n]``, or ``[n][k word]`` when
-    ``b_rows_are_pixels`` (the channels-last kernel). Expects ``a_read`` and ``b_read``: the
-    stage's word of this lane's first fragment registers."""
+    every product issued. A is staged ``[m][k word]``, its fragments read by ``ldmatrix`` (rows
+    set up in ``a_matrix_rows``) or word by word (from ``a_read``). B is staged ``[n][k word]``
+    with A's stride and read by ``ldmatrix`` (``b_matrix_rows``; the channels-last kernel), or
+    staged ``[k word][n]`` and read word by word (from ``b_read``)."""
     AS = tile.a_stride
-    BS = tile.a_stride if b_rows_are_pixels else tile.b_stride
-    a_ldmatrix = b_rows_are_pixels if a_ldmatrix is None else a_ldmatrix
+    BS = tile.a_stride if b_ldmatrix else tile.b_stride
     MT, NT = tile.WM // 16, tile.WN // 8
     lines = []
 
@@ -493,12 +493,12 @@ def _products(tile: MmaTile, precision: str, simulator: bool, b_rows_are_pixels:
         for mi in range(MT):
             base = mi * 16 * AS + ks * 8
             names = [f"a{mi}_{r}" for r in range(4)]
-            if a_ldmatrix:  # one ldmatrix: the lanes' rows are set up in a_matrix_rows
+            if a_ldmatrix:  # the whole 16 x 8 fragment in one ldmatrix
                 lines += ldmatrix(names, f"a_matrix_rows + U({base})")
             else:
                 lines += [f"{name} = a_stage[a_read + U({base + offset})]"
                           for name, offset in zip(names, (0, 8 * AS, 4, 8 * AS + 4))]
-        if b_rows_are_pixels:  # two products' B per ldmatrix (rows set up in b_matrix_rows)
+        if b_ldmatrix:  # two products' B per ldmatrix
             for pair in range(0, NT, 2):
                 names = [f"b{pair}_0", f"b{pair}_1", f"b{pair + 1}_0", f"b{pair + 1}_1"]
                 lines += ldmatrix(names, f"b_matrix_rows + U({pair * 8 * BS + ks * 8})")

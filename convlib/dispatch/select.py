@@ -7,7 +7,7 @@ Rules first (what can serve at all), then a winner measured on this device earli
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..core.problem import ConvProblem
 from ..cpu.tables import KNOBS as CPU_KNOBS
@@ -108,15 +108,15 @@ def _sycl_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     return rules
 
 
-def _cuda_rules(problem: ConvProblem, dtype: str) -> list[tuple[str, str]]:
+def _cuda_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # Measured on an H200 (docs/benchmarks.md): direct wins only on depthwise and very thin
     # layers; the implicit GEMM beats im2col (even with cuBLAS) on every ResNet-50 layer.
     if problem.groups == problem.C == problem.K or (problem.C_per_group <= 16 and problem.K_per_group <= 32):
         return [("direct", "depthwise or few channels per group: direct keeps the image tile in shared memory")]
-    if dtype in ("float16", "bfloat16"):
+    if problem.dtype in ("float16", "bfloat16"):
         # blis multiplies half values on tensor cores; Winograd would widen them to float32
         # copies first (H200, batch 128, 28^2 3x3 layer: 0.14 against 0.47 ms; docs/gpu.md).
-        return [("blis", f"{dtype} GEMM-shaped problem: the implicit GEMM on tensor cores")]
+        return [("blis", f"{problem.dtype} GEMM-shaped problem: the implicit GEMM on tensor cores")]
     rules = []
     # Measured on an H100 at batch 128 (docs/benchmarks.md): F(4x4,3x3) beat blis 1.9-3.3x on
     # ResNet-50's four 3x3 stride-1 layers (64-512 channels, 6272-401408 output pixels), with
@@ -127,7 +127,7 @@ def _cuda_rules(problem: ConvProblem, dtype: str) -> list[tuple[str, str]]:
     return rules
 
 
-_RULES = {"cpu": lambda p, dtype: _cpu_rules(p), "sycl": lambda p, dtype: _sycl_rules(p), "cuda": _cuda_rules}
+_RULES = {"cpu": _cpu_rules, "sycl": _sycl_rules, "cuda": _cuda_rules}
 
 
 def _cpu_gradient_rules(problem: ConvProblem) -> list[tuple[str, str]]:
@@ -152,15 +152,11 @@ def _cpu_gradient_rules(problem: ConvProblem) -> list[tuple[str, str]]:
 _GRADIENT_RULES = {"cpu": _cpu_gradient_rules}
 
 
-def rule_choice(problem: ConvProblem, backend: str, candidates: list[str], dtype: str | None = None) -> tuple[str, str]:
+def rule_choice(problem: ConvProblem, backend: str, candidates: list[str]) -> tuple[str, str]:
     """``(algorithm, reason)`` by the backend's rules alone: the first rule whose algorithm is
-    among ``candidates`` (what ``auto`` runs when nothing was measured for ``problem``).
-    ``dtype``: the caller's dtype where ``problem`` is its float32 twin (float16, bfloat16)."""
-    if problem.operation == "conv2d":
-        found = _RULES.get(backend, lambda p, dtype: [])(problem, dtype or problem.dtype)
-    else:
-        found = _GRADIENT_RULES.get(backend, lambda p: [])(problem)
-    for algo, why in found:
+    among ``candidates`` (what ``auto`` runs when nothing was measured for ``problem``)."""
+    rules = _RULES if problem.operation == "conv2d" else _GRADIENT_RULES
+    for algo, why in rules.get(backend, lambda p: [])(problem):
         if algo in candidates:
             return algo, why
     return candidates[0], "the first algorithm that can serve this problem"
@@ -174,8 +170,9 @@ def selection_state() -> tuple:
 
 
 def choose(operation: str, problem: ConvProblem, target: ResolvedDevice, dtype: str | None = None) -> Choice:
-    """What ``algo="auto"`` runs for ``problem`` on ``target``, and why; ``dtype`` as in
-    :func:`rule_choice`.
+    """What ``algo="auto"`` runs for ``problem`` on ``target``, and why. ``dtype``: the caller's
+    dtype where ``problem`` is its float32 twin (float16, bfloat16); the rules see the problem in
+    it (on CUDA, half precisions go to tensor-core ``blis``).
 
     A choice measured earlier for this operation, problem and device (``measure=True``, kept by
     :mod:`convlib.dispatch.tuning` under the device's stable identity) wins over the model.
@@ -188,5 +185,6 @@ def choose(operation: str, problem: ConvProblem, target: ResolvedDevice, dtype: 
     if remembered is not None and remembered["algo"] in candidates:
         return Choice(remembered["algo"], "measured fastest on this machine (tuning cache)",
                       tuple(candidates), dict(remembered.get("timings", {})))
-    algo, reason = rule_choice(problem, backend, candidates, dtype)
+    ruled = problem if dtype in (None, problem.dtype) else replace(problem, dtype=dtype)
+    algo, reason = rule_choice(ruled, backend, candidates)
     return Choice(algo, reason, tuple(candidates))
