@@ -130,6 +130,24 @@ def test_table_blocking_matches_reference_on_many_tiles(dtype, rng):
     _check(problem, blis.run(problem, x, w, b), x, w, b)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_last_tile_of_each_width(dtype, rng):
+    """The table's blocking on images whose last column tile holds 1 column, one vector and one
+    more, most of the tile, and all but one column: :func:`micro_kernel_columns` computes 1 to
+    NR/lanes vectors of it (checked with threads splitting columns and rows)."""
+    b = blis_blocking(dtype)
+    lanes = micro_kernels.micro_kernel_lanes(b.MR, b.NR, np.dtype(dtype).itemsize)
+    for tail in sorted({1, lanes + 1, b.NR - lanes + 1, b.NR - 1}):
+        for N, C, K in ((1, 5, 2 * b.MR + 1), (3, 9, 5)):
+            problem = ConvProblem(N, C, 2, b.NR + tail, K, 3, 3, padding=(0, 1, 1, 1), dtype=dtype,
+                                  has_bias=True)
+            assert problem.gemm_n // N % b.NR == tail
+            x, w, bias = random_arrays(rng, problem)
+            for threads in (1, 2):
+                with KNOBS.override(blis_partitions=threads):
+                    _check(problem, blis.run(problem, x, w, bias), x, w, bias)
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_workspace_bytes_is_what_is_allocated(dtype, threads):
@@ -164,11 +182,21 @@ def test_blocking_table_is_consistent():
 
 def test_micro_kernel_source_unrolls_rows_and_vectors():
     source = micro_kernels.render_micro_kernel(3, 32, 8)
-    assert "def micro_kernel_3x32(" in source
+    assert "def micro_kernel_3x32_of_32(" in source
     for i in range(3):
         for v in range(4):
             assert f"vector_fma(acc, {i * 32 + v * 8}, a, ap + {i}, b, bp + {v * 8}, 8)" in source
     assert "ap + 3," not in source and "bp + 32," not in source
+
+
+def test_columns_micro_kernel_source_has_a_body_per_vector_count():
+    source = micro_kernels.render_columns_micro_kernel(3, 32, 8)
+    for v in (1, 2, 3, 4):
+        assert f"def micro_kernel_3x{8 * v}_of_32(" in source
+        # Each body reads rows of the 32-wide panel and only its own vectors.
+        body = source.split(f"def micro_kernel_3x{8 * v}_of_32(")[1].split("\ndef ")[0]
+        assert "bp = b_off + p * 32" in body and f"bp + {8 * (v - 1)}, 8)" in body and f"bp + {8 * v}, 8)" not in body
+    assert "elif vectors == 3:" in source and "micro_kernel_3x32_of_32(kc" in source.split("else:")[-1]
 
 
 def test_micro_kernel_lanes_divide_NR():

@@ -59,7 +59,9 @@ from numba.core.typing.typeof import typeof_impl
 
 from ..core import output_cache
 from ..core.problem import ConvProblem
-from .micro_kernels import ACCUMULATE, STORE, STORE_WITH_BIAS, micro_kernel, micro_kernel_split, store_edge_tile
+from .micro_kernels import (
+    ACCUMULATE, STORE, STORE_WITH_BIAS, micro_kernel, micro_kernel_columns, micro_kernel_split, store_edge_tile,
+)
 from .packing import RUN_COLUMNS, TAP_COLUMNS, pack_a_from_filters, pack_b_from_image
 from .tables import KNOBS, VECTOR_SLACK_BYTES, BlisBlocking, blis_blocking
 
@@ -173,8 +175,8 @@ def blis_kernel(MR: int, NR: int):
                                                            ((n + 1) * K + row) * PQ, PQ - pq, PQ,
                                                            mode, bias, row, MR, NR)
                                     else:
-                                        micro_kernel(kc, Ac, ir * kc, Bc, jr * kc, tile, 0, NR, STORE,
-                                                     bias, 0, MR, NR)
+                                        micro_kernel_columns(kc, Ac, ir * kc, Bc, jr * kc, tile, 0, NR, STORE,
+                                                             bias, 0, nr, MR, NR)
                                         store_edge_tile(tile, NR, geo, row, mr, col, nr, mode, bias, y)
 
     return blis_conv2d

@@ -105,7 +105,9 @@ from .clipping import positions_inside
 from .im2col_backward import fill_channels
 from .isa import host_isa
 from .intrinsics import transpose_block
-from .micro_kernels import ACCUMULATE, STORE, dot_micro_kernel, micro_kernel, micro_kernel_lanes, taps_micro_kernel
+from .micro_kernels import (
+    ACCUMULATE, STORE, dot_micro_kernel, micro_kernel, micro_kernel_columns, micro_kernel_lanes, taps_micro_kernel,
+)
 from .packing import RUN_COLUMNS, TAP_COLUMNS, pack_b_from_image, pack_b_pointwise
 from .tables import KNOBS, VECTOR_SLACK_BYTES, blis_blocking
 
@@ -304,8 +306,8 @@ def backward_data_kernel(MR: int, NR: int):
                                                      (n * C + g * Cg + ic + ir) * PQ + pq, PQ, ACCUMULATE, tile, 0,
                                                      MR, NR)
                                     else:
-                                        micro_kernel(kc, Ac, ir * kc, Bc, jr * kc, tile, 0, NR, STORE, tile, 0,
-                                                     MR, NR)
+                                        micro_kernel_columns(kc, Ac, ir * kc, Bc, jr * kc, tile, 0, NR, STORE, tile,
+                                                             0, nr, MR, NR)
                                         add_tile_to_image(tile, NR, geo, g * Cg, ic + ir, mr, col, nr, dx)
 
     return blis_backward_data
@@ -530,8 +532,8 @@ def backward_weight_kernel(MR: int, NR: int):
                                         micro_kernel(kc, Ac, ir * kc, Bc, jr * kc, out, off, taps, ACCUMULATE,
                                                      tile, 0, MR, NR)
                                     else:
-                                        micro_kernel(kc, Ac, ir * kc, Bc, jr * kc, tile, 0, NR, STORE, tile, 0,
-                                                     MR, NR)
+                                        micro_kernel_columns(kc, Ac, ir * kc, Bc, jr * kc, tile, 0, NR, STORE, tile,
+                                                             0, nr, MR, NR)
                                         add_tile(tile, NR, mr, nr, out, off, taps)
 
     return blis_backward_weight

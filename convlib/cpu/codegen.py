@@ -17,13 +17,13 @@ PER_VECTOR_ROW = "#: per vector, row"
 PER_ROW_VECTOR = "#: per row, vector"
 
 
-def render(template: str, MR: int, NR: int = 0, L: int = 1) -> str:
+def render(template: str, MR: int, NR: int = 0, L: int = 1, **constants: int) -> str:
     """Source from ``template``: lines marked ``#: per row`` repeated for each row ``i`` in
     ``range(MR)``, ``#: per vector, row`` for each vector ``v`` in ``range(NR // L)`` and row,
-    ``#: per row, vector`` likewise rows outer. ``{MR}``, ``{NR}``, ``{L}`` are replaced, and in
-    the repeated lines ``{i}``, ``{j} = v*L`` (the vector's first column) and ``{o} = i*NR + v*L``
-    (its offset in the MR x NR tile)."""
-    sizes = dict(MR=MR, NR=NR, L=L)
+    ``#: per row, vector`` likewise rows outer. ``{MR}``, ``{NR}``, ``{L}`` and the names of
+    ``constants`` are replaced, and in the repeated lines ``{i}``, ``{j} = v*L`` (the vector's
+    first column) and ``{o} = i*NR + v*L`` (its offset in the MR x NR tile)."""
+    sizes = dict(MR=MR, NR=NR, L=L, **constants)
 
     def at(i, v):
         return dict(i=i, j=v * L, o=i * NR + v * L)

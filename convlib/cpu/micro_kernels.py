@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import types
+from numba import njit, types
 from numba.extending import overload
 
 from .codegen import PER_ROW, PER_ROW_VECTOR, PER_VECTOR_ROW, exec_function, render
@@ -40,7 +40,7 @@ from .isa import simd_bytes
 from .stack_buffer import stack_array_1d
 
 _MICRO_KERNEL_TEMPLATE = f'''
-def micro_kernel_{{MR}}x{{NR}}(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, MR, NR):
+def micro_kernel_{{MR}}x{{NR}}_of_{{NB}}(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, MR, NR):
     # Explicit {{L}}-lane vectors (NR/{{L}} per row): the register tile does not depend on the
     # width LLVM's loop vectoriser prefers (256 bits on Intel AVX-512 parts, which would double
     # the accumulators and spill them), and no index goes through numba's wraparound test.
@@ -49,7 +49,7 @@ def micro_kernel_{{MR}}x{{NR}}(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias
     prefetch_for_write(c, c_off + {{i}} * ldc + {{j}})  {PER_ROW_VECTOR}
     for p in range(kc):
         ap = a_off + p * {{MR}}
-        bp = b_off + p * {{NR}}
+        bp = b_off + p * {{NB}}
         vector_fma(acc, {{o}}, a, ap + {{i}}, b, bp + {{j}}, {{L}})  {PER_VECTOR_ROW}
     if mode == ACCUMULATE:
         vector_add_into(c, c_off + {{i}} * ldc + {{j}}, acc, {{o}}, {{L}})  {PER_ROW_VECTOR}
@@ -61,7 +61,7 @@ def micro_kernel_{{MR}}x{{NR}}(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias
 #: The same tile for columns that continue in the next image: those from ``head`` on go to
 #: ``c_off2`` (the next image's first pixel of row 0) instead of following ``c_off``'s row.
 _SPLIT_MICRO_KERNEL_TEMPLATE = _MICRO_KERNEL_TEMPLATE.split("    if mode == ACCUMULATE:")[0].replace(
-    "def micro_kernel_{MR}x{NR}(kc, a, a_off, b, b_off, c, c_off, ldc,",
+    "def micro_kernel_{MR}x{NR}_of_{NB}(kc, a, a_off, b, b_off, c, c_off, ldc,",
     "def micro_kernel_split_{MR}x{NR}(kc, a, a_off, b, b_off, c, c_off, c_off2, head, ldc,",
 ).replace(
     "    for p in range(kc):",
@@ -101,19 +101,50 @@ def micro_kernel_lanes(MR: int, NR: int, itemsize: int) -> int:
     return lanes
 
 
-def render_micro_kernel(MR: int, NR: int, L: int) -> str:
-    """Source of the ``MR x NR`` micro-kernel with ``L``-lane vectors."""
-    return render(_MICRO_KERNEL_TEMPLATE, MR, NR, L)
+def render_micro_kernel(MR: int, NR: int, L: int, NB: int | None = None) -> str:
+    """Source of the ``MR x NR`` micro-kernel with ``L``-lane vectors, reading the first ``NR``
+    columns of B panels ``NB`` (default ``NR``) wide."""
+    return render(_MICRO_KERNEL_TEMPLATE, MR, NR, L, NB=NR if NB is None else NB)
 
 
 def render_split_micro_kernel(MR: int, NR: int, L: int) -> str:
     """Source of the ``MR x NR`` micro-kernel whose tile continues in the next image."""
-    return render(_SPLIT_MICRO_KERNEL_TEMPLATE, MR, NR, L)
+    return render(_SPLIT_MICRO_KERNEL_TEMPLATE, MR, NR, L, NB=NR)
+
+
+def render_columns_micro_kernel(MR: int, NR: int, L: int) -> str:
+    """Source of the ``MR x NR`` micro-kernel for a tile of ``nr`` columns: the tile of
+    ``ceil(nr / L)`` vectors of columns, from panels ``NR`` wide, computed by its own unrolled
+    body (one per vector count)."""
+    vectors = NR // L
+    parts = [render_micro_kernel(MR, v * L, L, NR) for v in range(1, vectors + 1)]
+    narrowest = f"micro_kernel_{MR}x{{}}_of_{NR}(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, MR, NR)"
+    branches = [f"if vectors == {v}:" if v == 1 else f"elif vectors == {v}:" for v in range(1, vectors)]
+    parts.append(
+        f"def micro_kernel_columns_{MR}x{NR}(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, nr, MR, NR):\n"
+        f"    vectors = (nr + {L - 1}) // {L}\n"
+        + "".join(f"    {branch}\n        {narrowest.format(v * L)}\n" for v, branch in enumerate(branches, 1))
+        + (f"    else:\n        {narrowest.format(NR)}\n" if branches else f"    {narrowest.format(NR)}\n")
+    )
+    return "\n".join(parts)
 
 
 @functools.lru_cache(maxsize=None)
 def _micro_kernel_function(MR: int, NR: int, L: int):
-    return exec_function(render_micro_kernel(MR, NR, L), f"micro_kernel_{MR}x{NR}", _NAMESPACE, "blis")
+    return exec_function(render_micro_kernel(MR, NR, L), f"micro_kernel_{MR}x{NR}_of_{NR}", _NAMESPACE, "blis")
+
+
+@functools.lru_cache(maxsize=None)
+def _columns_micro_kernel_function(MR: int, NR: int, L: int):
+    # The bodies are plain Python functions of one exec'd namespace; the dispatcher's calls to
+    # them are compiled as calls to jitted, always-inlined functions.
+    namespace = dict(_NAMESPACE)
+    exec(compile(render_columns_micro_kernel(MR, NR, L), f"<convlib blis micro_kernel_columns_{MR}x{NR}>", "exec"),
+         namespace)
+    for v in range(1, NR // L + 1):
+        name = f"micro_kernel_{MR}x{v * L}_of_{NR}"
+        namespace[name] = njit(inline="always", fastmath={"contract"})(namespace[name])
+    return namespace[f"micro_kernel_columns_{MR}x{NR}"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -137,6 +168,22 @@ def _micro_kernel_overload(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bi
         return None  # numba retries with the literal types
     mr, nr = MR.literal_value, NR.literal_value
     return _micro_kernel_function(mr, nr, micro_kernel_lanes(mr, nr, c.dtype.bitwidth // 8))
+
+
+def micro_kernel_columns(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, nr, MR, NR):
+    """:func:`micro_kernel` for a tile of ``nr <= NR`` columns: only ``ceil(nr / lanes)`` vectors
+    of columns are computed and written (an image's last tile, whose other columns would be
+    padding: 7x7 images at batch 8 fill 392 of 448 columns with whole tiles). ``b`` is still
+    packed in panels ``NR`` wide. Callable from jitted code only."""
+    raise NotImplementedError("micro_kernel_columns is called from numba-compiled code only")
+
+
+@overload(micro_kernel_columns, prefer_literal=True, jit_options={"fastmath": {"contract"}})
+def _micro_kernel_columns_overload(kc, a, a_off, b, b_off, c, c_off, ldc, mode, bias, bias_off, nr, MR, NR):
+    if not (isinstance(MR, types.IntegerLiteral) and isinstance(NR, types.IntegerLiteral)):
+        return None
+    mr, nr_ = MR.literal_value, NR.literal_value
+    return _columns_micro_kernel_function(mr, nr_, micro_kernel_lanes(mr, nr_, c.dtype.bitwidth // 8))
 
 
 def micro_kernel_split(kc, a, a_off, b, b_off, c, c_off, c_off2, head, ldc, mode, bias, bias_off,
