@@ -122,6 +122,18 @@ def test_thread_split_weighs_packing_from_the_image():
     assert blis.thread_split(pointwise, b, 2) == (2, 1)
 
 
+def test_packing_cost_counts_the_runs():
+    """Each tap copies a run of pixels at a time: short output rows cost more per element (7x7
+    outputs of a stride-2 layer, where splitting the rows makes both threads pack all of B, are
+    split by columns), linear packing (whole images of a 'same' layer) less."""
+    b = BlisBlocking(MC=96, KC=384, NC=1024, MR=6, NR=64)
+    short = ConvProblem(8, 512, 14, 14, 512, 3, 3, stride=(2, 2), padding=(1, 1, 1, 1))
+    long = ConvProblem(8, 128, 56, 56, 128, 3, 3, stride=(2, 2), padding=(1, 1, 1, 1))
+    linear = ConvProblem(8, 512, 7, 7, 512, 3, 3, padding=(1, 1, 1, 1))
+    assert blis.image_pack_cost(short, 64) > blis.image_pack_cost(long, 64) > blis.image_pack_cost(linear, 64)
+    assert blis.thread_split(short, b, 2) == (1, 2)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_table_blocking_matches_reference_on_many_tiles(dtype, rng):
     # The table's own blocking, with more than one jc block and a ragged last tile.

@@ -192,6 +192,16 @@ def packs_as_plain_gemm(problem: ConvProblem) -> bool:
             and p.P * p.Q == p.H * p.W)
 
 
+def image_pack_cost(problem: ConvProblem, NR: int) -> float:
+    """FLOP-equivalents of packing one element of B from the image: a cost per element and one per
+    run of pixels that a tap copies at once (an output row; a panel's pixels of one image when the
+    packing is linear), spread over the run's elements."""
+    p = problem
+    linear = p.stride[1] == 1 and p.stride[0] * p.W == p.Q and p.Q < NR
+    run = min(NR, p.P * p.Q) if linear else min(NR, p.Q)
+    return KNOBS.blis_image_pack_cost_flops + KNOBS.blis_image_pack_run_cost_flops / run
+
+
 def thread_split(problem: ConvProblem, blocking: BlisBlocking, threads: int) -> tuple[int, int]:
     """``(m_parts, n_parts)``, ``m_parts * n_parts == threads``: the grid of per-thread output
     rectangles that minimises the busiest thread's micro-kernel FLOPs plus packing."""
@@ -201,7 +211,7 @@ def thread_split(problem: ConvProblem, blocking: BlisBlocking, threads: int) -> 
     # Packing costs in FLOP-equivalents of micro-kernel work (knobs): a plain copy for A and for
     # B of a 1x1 stride-1 layer, more for B packed from the image.
     copy_cost = KNOBS.blis_pack_cost_flops
-    b_cost = copy_cost if packs_as_plain_gemm(problem) else KNOBS.blis_image_pack_cost_flops
+    b_cost = copy_cost if packs_as_plain_gemm(problem) else image_pack_cost(problem, b.NR)
     best = None
     for m_parts in range(1, threads + 1):
         if threads % m_parts:

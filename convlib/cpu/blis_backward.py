@@ -100,7 +100,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from ..core.problem import ConvProblem
-from .blis import geometry_of, part_of_tiles, partitions
+from .blis import geometry_of, image_pack_cost, part_of_tiles, partitions
 from .clipping import positions_inside
 from .im2col_backward import fill_channels
 from .isa import host_isa
@@ -755,7 +755,7 @@ def weight_thread_grid(problem: ConvProblem, blocking, threads: int) -> tuple[in
     n_tiles = -(-(p.C_per_group * p.R * p.S) // b.NR)
     pixels = max(1, p.N * p.P * p.Q)
     copy_cost = KNOBS.blis_pack_cost_flops
-    image_cost = KNOBS.blis_image_pack_cost_flops
+    image_cost = image_pack_cost(p, b.NR)
     dw_size = p.K * p.C_per_group * p.R * p.S
     best = None
     for r_parts in range(1, threads + 1):

@@ -240,8 +240,11 @@ KNOBS = KnobTable("cpu", [
          "None = numba's thread count (more than the threads reaches other thread grids, for tests)"),
     Knob("blis_pack_cost_flops", 16, "cost of packing one element by a plain copy (A; B of a 1x1 stride-1 "
          "layer), in FLOP-equivalents of micro-kernel work, for the thread split"),
-    Knob("blis_image_pack_cost_flops", 64, "cost of packing one element of B from the image (general and "
-         "strided routines: 0.7-1 ns against 0.16-0.25 ns for a copy on the AVX2 machine)"),
+    Knob("blis_image_pack_cost_flops", 40, "cost of packing one element of B from the image (general and "
+         "strided routines), per element ..."),
+    Knob("blis_image_pack_run_cost_flops", 1300, "... plus this much per run of pixels a tap copies at once, "
+         "spread over the run (Zen 5, one thread, 0.21-0.31 ns per element on 28-pixel rows, 0.49 on 14, 0.82 "
+         "on 7: ResNet-50's s5 3x3/2 and s4 1x1/2 layers then split by columns, 0.95x and 0.93x the time)"),
     Knob("blis_weight_dot_tile", {"avx512": (4, 6), "avx2": (2, 6)}, "(MR, NT) of the backward weight pass's "
          "inner-product micro-kernel per ISA: MR*NT vector accumulators + MR + 1 registers (29 of 32 zmm; "
          "15 of 16 ymm)", keyed_by=("isa",)),
