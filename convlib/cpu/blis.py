@@ -242,6 +242,19 @@ def allocate_workspace(problem: ConvProblem, blocking: BlisBlocking, threads: in
     }
 
 
+#: What a call computes in Python before its kernel: the blocking, the thread grid, the pc loop's step.
+LaunchPlan = namedtuple("LaunchPlan", "blocking m_parts n_parts kc_step geometry")
+
+
+@KNOBS.cached
+def launch_plan(problem: ConvProblem, threads: int) -> LaunchPlan:
+    """The :class:`LaunchPlan` of ``problem`` on ``threads`` partitions (memoised on the knobs'
+    state: a small layer's call would otherwise spend 5-10 us on it each time)."""
+    b = blis_blocking(problem.dtype)
+    m_parts, n_parts = thread_split(problem, b, threads)
+    return LaunchPlan(b, m_parts, n_parts, b.panel_sizes(problem)[1], geometry_of(problem))
+
+
 def partitions() -> int:
     """Work partitions of a call: the ``blis_partitions`` knob, else numba's thread count."""
     return KNOBS.blis_partitions or get_num_threads()
@@ -276,17 +289,17 @@ def run(problem: ConvProblem, x, w, bias, device=None):
     dtype = np.dtype(problem.dtype)
     if problem.N == 0:
         return np.empty(problem.y_shape, dtype)
-    b = blis_blocking(problem.dtype)
     threads = partitions()
+    plan = launch_plan(problem, threads)
+    b = plan.blocking
     workspace = allocate_workspace(problem, b, threads)
-    m_parts, n_parts = thread_split(problem, b, threads)
     y = output_cache.empty(problem.y_shape, dtype)
     has_bias = bias is not None
     bias_arr = np.ascontiguousarray(bias, dtype) if has_bias else np.zeros(1, dtype)
     kernel = blis_kernel(b.MR, b.NR)
     kernel(
         np.ascontiguousarray(x, dtype).reshape(-1), np.ascontiguousarray(w, dtype).reshape(-1),
-        bias_arr, has_bias, geometry_of(problem), b.MC, b.NC, b.panel_sizes(problem)[1], m_parts, n_parts,
+        bias_arr, has_bias, plan.geometry, b.MC, b.NC, plan.kc_step, plan.m_parts, plan.n_parts,
         *workspace.values(), y.reshape(-1),
     )
     return y
