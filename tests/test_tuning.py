@@ -53,6 +53,21 @@ def test_auto_follows_the_remembered_choice(cache_dir):
     assert convlib.choose_algorithm(x, w, padding=2).reason != "measured fastest on this machine (tuning cache)"
 
 
+def test_a_half_precision_measurement_is_found_through_the_float32_twin(cache_dir):
+    """``choose_algorithm(measure=True)`` on float16 data stores the float16 problem; ``conv2d``'s
+    ``auto`` plans the float32 twin and passes the caller's dtype: both must meet at one key."""
+    from dataclasses import replace
+    from convlib.dispatch.select import choose
+    x, w = _arrays()
+    twin = convlib.build_problem(x, w, padding=1)
+    half = replace(twin, dtype="float16")
+    target = resolve_device("cpu")
+    tuning.store(tuning.problem_key("conv2d", half, target.identity), "im2col", {"im2col": 1.0})
+    tuning.forget_measurements()
+    assert choose("conv2d", twin, target, dtype="float16").algo == "im2col"
+    assert choose("conv2d", twin, target).reason != "measured fastest on this machine (tuning cache)"
+
+
 @pytest.mark.parametrize("content", ["{not json", json.dumps([1, 2]), json.dumps({"format": 999, "entries": {}})])
 def test_corrupt_or_foreign_cache_is_ignored(cache_dir, content):
     (cache_dir / "tuning.json").write_text(content)

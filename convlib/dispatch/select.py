@@ -175,16 +175,17 @@ def choose(operation: str, problem: ConvProblem, target: ResolvedDevice, dtype: 
     it (on CUDA, half precisions go to tensor-core ``blis``).
 
     A choice measured earlier for this operation, problem and device (``measure=True``, kept by
-    :mod:`convlib.dispatch.tuning` under the device's stable identity) wins over the model.
+    :mod:`convlib.dispatch.tuning` under the device's stable identity, for the problem in the
+    caller's dtype, as ``choose_algorithm`` measured it) wins over the model.
     """
     backend = target.name
     candidates = registry.serving_algorithms(operation, backend, problem)
     if not candidates:
         raise NotImplementedError(f"no algorithm of the {backend} backend serves {problem.describe()}")
-    remembered = tuning.lookup(operation, problem, target.identity)
+    ruled = problem if dtype in (None, problem.dtype) else replace(problem, dtype=dtype)
+    remembered = tuning.lookup(operation, ruled, target.identity)
     if remembered is not None and remembered["algo"] in candidates:
         return Choice(remembered["algo"], "measured fastest on this machine (tuning cache)",
                       tuple(candidates), dict(remembered.get("timings", {})))
-    ruled = problem if dtype in (None, problem.dtype) else replace(problem, dtype=dtype)
     algo, reason = rule_choice(ruled, backend, candidates)
     return Choice(algo, reason, tuple(candidates))
