@@ -24,6 +24,7 @@ from convlib import BackendUnavailable
 from convlib.dispatch.devices import get_backend
 from convlib.core.precision import dtype_name, from_bfloat16_bits, host_bfloat16
 from convlib.core.problem import ConvProblem
+from convlib.cuda.tables import MmaTile
 
 from convlib.testing import TOLERANCE, conv2d_reference_for, relative_error
 
@@ -495,6 +496,70 @@ def test_half_precision_blis_runs_natively():
     resnet_3x3 = ConvProblem(2, 64, 56, 56, 64, 3, 3, padding=(1, 1, 1, 1))
     assert make_plan("conv2d", resnet_3x3, "cuda", "auto").algorithm == "winograd"
     assert make_plan("conv2d", replace(resnet_3x3, dtype="float16"), "cuda", "auto").algorithm == "blis"
+
+
+#: Tiles of the cp.async pipeline (3 and 4 shared stages): two warps, small enough for the
+#: simulator.
+COPY_TILES = {
+    "3-stages": MmaTile(BM=32, BN=32, BKW=16, WM=16, WN=32, stages=3),
+    "4-stages": MmaTile(BM=32, BN=32, BKW=16, WM=16, WN=32, stages=4),
+}
+
+
+@needs_cuda
+@pytest.mark.parametrize("tile", list(COPY_TILES))
+@pytest.mark.parametrize("case", ["tc-groups-asympad-dilation", "tc-long-reduction-odd-K", "tc-1x1-stride2",
+                                  "tc-1x1-pixels-in-place"])
+@pytest.mark.parametrize("precision", ["tf32", "float16", "bfloat16"])
+def test_tensor_cores_copy_pipeline_matches_reference(precision, case, tile, poisoned_outputs):
+    """blis on tensor cores with operands copied by cp.async into 3 or 4 shared stages (the
+    channels-last kernel; the in-place one runs such a tile with two): the accuracy of
+    test_tensor_cores_match_reference, over reductions of several steps, partial steps,
+    partial tiles of filters and padding (chunks copied as zeros)."""
+    from convlib.cuda.gemm import shape_key
+    from convlib.cuda.tables import KNOBS
+    from convlib.cuda.tensor_gemm import channels_last_source, copies_chunks, operand_layout
+
+    dtype = "float32" if precision == "tf32" else precision
+    if dtype == "bfloat16" and host_bfloat16() is None:
+        pytest.skip("bfloat16 host arrays need ml_dtypes")
+    problem = tensor_problem(case, dtype)
+    layout = operand_layout(problem, precision)
+    if copies_chunks(layout, precision):  # the kernel really is the pipeline
+        source, _ = channels_last_source(shape_key(problem), COPY_TILES[tile], precision, STATE != "gpu")
+        assert "copy16(" in source and f"copy_wait_{COPY_TILES[tile].stages - 2}()" in source
+    x, w, b = random_inputs(problem, seed=29)
+    with KNOBS.override(mma_tile=COPY_TILES[tile]):
+        y = tensor_call(problem, x, w, b, device="cuda", allow_tf32=precision == "tf32")
+    err = relative_error(y, conv2d_reference_for(problem, x, w, b))
+    if precision == "tf32":
+        assert TF32_RANGE[0] < err < TF32_RANGE[1], f"TF32 error {err:.2e} outside {TF32_RANGE}"
+    else:
+        assert err <= TOLERANCE[dtype], f"blis {precision} {tile} {problem.describe()}: relative error {err:.3e}"
+
+
+def test_in_place_kernel_rejects_a_tile_whose_pixel_units_do_not_divide():
+    """A tile valid for the other kernels but whose units of B pixels leave threads without a
+    whole share would leave part of B unloaded: generating it is an error, not a wrong product."""
+    from convlib.cuda.tensor_gemm import _pixel_units
+    tile = MmaTile(BM=128, BN=64, BKW=8, WM=64, WN=32).check()
+    with pytest.raises(ValueError, match="units"):
+        _pixel_units(("key",), tile, "float16", False)
+    _pixel_units(("key",), MmaTile(BM=128, BN=128, BKW=16, WM=64, WN=64).check(), "float16", False)
+
+
+def test_simulated_copies():
+    """The simulator's cp.async copies four words, or writes four zeros for a copy of 0 bytes,
+    and refuses chunks that are not 16-byte aligned."""
+    from convlib.cuda.ptx import simulated_copy16
+
+    source = np.arange(1, 9, dtype=np.uint32)
+    shared = np.full(8, 99, np.uint32)
+    simulated_copy16(shared, 4, source, 4, 16)
+    simulated_copy16(shared, 0, source, 0, 0)
+    assert shared.tolist() == [0, 0, 0, 0, 5, 6, 7, 8]
+    with pytest.raises(AssertionError):
+        simulated_copy16(shared, 2, source, 0, 16)
 
 
 def test_simulated_mma_is_the_documented_fragment_layout():

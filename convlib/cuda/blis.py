@@ -29,7 +29,7 @@ from .tables import KNOBS
 from .tiles import choose_gemm_tile, choose_mma_tile
 from .gemm import IMAGE, gemm_kernel, gemm_launch_shape, shape_key
 from .launch import MAX_GRID_Y, flat, placeholder_bias
-from .tensor_gemm import layout_kernels, mma_kernel, mma_launch_shape, operand_layout, precision_of
+from .tensor_gemm import copies_chunks, layout_kernels, mma_kernel, mma_launch_shape, operand_layout, precision_of
 
 #: float16 and bfloat16 problems are computed by this module's own kernels (tensor cores), not
 #: through float32 copies (:meth:`convlib.cuda.backend.CudaBackend.widened`).
@@ -122,8 +122,8 @@ def _plan(problem, precision, multiprocessors: int, simulator: bool, knobs: tupl
         tile = choose_gemm_tile(problem, multiprocessors, simulator)
         kernel = gemm_kernel(key, tile, IMAGE, simulator, KNOBS.tap_table_bytes)
         return _Launch(kernel, *gemm_launch_shape(problem, tile, problem.N), None, None)
-    tile = choose_mma_tile(problem, precision, multiprocessors, simulator)
     operands = operand_layout(problem, precision)
+    tile = choose_mma_tile(problem, precision, multiprocessors, simulator, copies_chunks(operands, precision))
     kernel = mma_kernel(key, tile, precision, operands, simulator, KNOBS.tap_table_bytes)
     layout = layout_kernels(key, precision, simulator) if operands == "channels_last" else None
     return _Launch(kernel, *mma_launch_shape(problem, tile, problem.N), operands, layout)

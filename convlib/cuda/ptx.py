@@ -46,6 +46,10 @@ _MMA = {
 #: Words each lane hands to one product: four of A, then two of B.
 FRAGMENT_WORDS = 6
 
+#: ``copy_wait_0`` .. ``copy_wait_{n - 1}``: the ``cp.async.wait_group`` counts the kernels may
+#: name (the count is an immediate operand, so each is its own instruction).
+COPY_GROUPS_IN_FLIGHT = 4
+
 
 def instructions(simulator: bool) -> dict:
     """The names generated kernels call: ``mma_tf32``, ``mma_float16``, ``mma_bfloat16`` (each
@@ -58,10 +62,18 @@ def instructions(simulator: bool) -> dict:
     ``8j..8j + 7`` the rows of matrix ``j``; 16-byte aligned) and receiving word ``l & 3`` of row
     ``l >> 2`` of each of the four matrices.
 
+    ``copy16(shared, i, source, j, nbytes)``: ``cp.async.cg``, the four words ``source[j:j + 4]``
+    (global) to ``shared[i:i + 4]`` without registers, or four zero words when ``nbytes`` is 0
+    (both 16-byte aligned); ``copy_commit()`` closes this thread's group of copies
+    (``cp.async.commit_group``) and ``copy_wait_{n}()`` (``n`` below
+    :data:`COPY_GROUPS_IN_FLIGHT`) waits until at most ``n`` of its groups are in flight. A
+    barrier must still follow before other threads read what was copied.
+
     Under the simulator, ``mma_lane(precision, words, base, lane, c0, c1, c2, c3)`` replaces the
     products and ``ldmatrix_lane(array, words, base, lane)`` the ``ldmatrix4``: the kernel first
     stores each lane's six operand words at ``words[base + 6 * lane ...]`` (or its row's index at
-    ``words[base + lane]``) and synchronises (see :func:`simulated_mma`).
+    ``words[base + lane]``) and synchronises (see :func:`simulated_mma`). Copies are done at once there and their groups are nothing to
+    wait for: the barrier after the wait orders them as on the GPU.
     """
     return _simulated() if simulator else _device()
 
@@ -157,7 +169,36 @@ def _device() -> dict:
 
         return types.UniTuple(types.uint32, 4)(array, types.uint64), codegen
 
+    def copy16_typer(typingctx, shared, shared_index, source, source_index, source_bytes):
+        # cp.async: 16 bytes from global to shared memory without passing through registers;
+        # src-size 0 writes 16 zero bytes (and reads nothing). The memory clobber keeps the
+        # compiler from moving shared accesses across it.
+        text = ("{ .reg .u64 shared_address; cvta.to.shared.u64 shared_address, $0; "
+                "cp.async.cg.shared.global [shared_address], [$1], 16, $2; }")
+
+        def codegen(context, builder, sig, args):
+            i64 = ir.IntType(64)
+            target = builder.ptrtoint(element_pointer(context, builder, sig.args[0], args[0], args[1]), i64)
+            origin = builder.ptrtoint(element_pointer(context, builder, sig.args[2], args[2], args[3]), i64)
+            asm(builder, ir.VoidType(), [i64, i64, i32], text, "l,l,r,~{memory}", [target, origin, args[4]],
+                side_effect=True)
+            return context.get_dummy_value()
+
+        return types.none(shared, types.uint64, source, types.uint64, types.uint32), codegen
+
+    def statement(name, text):
+        def typer(typingctx):
+            def codegen(context, builder, sig, args):
+                asm(builder, ir.VoidType(), [], text, "~{memory}", [], side_effect=True)
+                return context.get_dummy_value()
+
+            return types.none(), codegen
+
+        typer.__name__ = name
+        return intrinsic(typer)
+
     load4_typer.__name__, store4_typer.__name__, ldmatrix4_typer.__name__ = "load4", "store4", "ldmatrix4"
+    copy16_typer.__name__ = "copy16"
     table = {f"mma_{p}": product(p) for p in PRECISIONS}
     table.update(
         tf32_word=conversion("tf32_word", types.uint32, types.float32, i32, f32,
@@ -173,7 +214,11 @@ def _device() -> dict:
         load4=intrinsic(load4_typer),
         store4=intrinsic(store4_typer),
         ldmatrix4=intrinsic(ldmatrix4_typer),
+        copy16=intrinsic(copy16_typer),
+        copy_commit=statement("copy_commit", "cp.async.commit_group;"),
     )
+    table.update({f"copy_wait_{n}": statement(f"copy_wait_{n}", f"cp.async.wait_group {n};")
+                  for n in range(COPY_GROUPS_IN_FLIGHT)})
     return table
 
 
@@ -274,9 +319,25 @@ def simulated_ldmatrix(array, words, base: int, lane: int):
     return tuple(np.uint32(array[row + (lane & 3)]) for row in rows)
 
 
+def simulated_copy16(shared, index, source, source_index, nbytes):
+    """``cp.async`` of 16 bytes, done at once: four words, or four zeros when ``nbytes`` is 0."""
+    index, source_index = int(index), int(source_index)
+    assert index % 4 == 0 and source_index % 4 == 0, f"copy16 {source_index} -> {index}: not 16-byte aligned"
+    assert int(nbytes) in (0, 16), f"copy16 of {nbytes} bytes"
+    for j in range(4):
+        shared[index + j] = source[source_index + j] if nbytes else 0
+
+
+def _no_wait():
+    """``cp.async.commit_group`` / ``wait_group`` under the simulator, whose copies are done."""
+
+
 @functools.cache
 def _simulated() -> dict:
     return dict(
+        copy16=simulated_copy16,
+        copy_commit=_no_wait,
+        **{f"copy_wait_{n}": _no_wait for n in range(COPY_GROUPS_IN_FLIGHT)},
         ldmatrix_lane=simulated_ldmatrix,
         load4=simulated_load4,
         store4=simulated_store4,

@@ -36,7 +36,7 @@ Which tile a problem gets is decided in :mod:`convlib.cuda.tiles` from these kno
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..core.knobs import Knob, KnobTable
 
@@ -91,6 +91,15 @@ class MmaTile:
     A block computes ``BM x BN`` of C with ``(BM // WM) * (BN // WN)`` warps, each a ``WM x WN``
     warp tile of ``16 x 8`` tensor-core products; it stages ``BKW`` 32-bit words of the
     reduction per step (``BKW`` taps in TF32, ``2 * BKW`` in half precision).
+
+    ``stages`` is how many steps shared memory holds. With 2, the next step is loaded into
+    registers during the products and stored into the other stage after them. With 3 or more,
+    the channels-last kernel copies each step straight into shared memory with ``cp.async``,
+    ``stages - 1`` steps ahead (:mod:`convlib.cuda.tensor_gemm`); the other kernels run such a
+    tile with 2.
+
+    ``min_blocks`` is the kernel's launch bound of blocks per SM: ptxas caps the registers so
+    that that many blocks fit (65536 registers an SM).
     """
 
     BM: int
@@ -98,6 +107,8 @@ class MmaTile:
     BKW: int
     WM: int
     WN: int
+    stages: int = 2
+    min_blocks: int = 1
 
     @property
     def warps(self) -> int:
@@ -129,9 +140,13 @@ class MmaTile:
 
     @property
     def shared_words(self) -> int:
-        """Both stages of A and B, B staged either way (``[k][n]`` or, channels-last, ``[n][k]``
+        """Every stage of A and B, B staged either way (``[k][n]`` or, channels-last, ``[n][k]``
         with A's stride); the epilogue reuses them for the output."""
-        return 2 * (self.BM * self.a_stride + max(self.BKW * self.b_stride, self.BN * self.a_stride))
+        return self.stages * (self.BM * self.a_stride + max(self.BKW * self.b_stride, self.BN * self.a_stride))
+
+    def with_stages(self, stages: int) -> "MmaTile":
+        """This tile with ``stages`` shared stages."""
+        return replace(self, stages=stages)
 
     @property
     def shared_bytes(self) -> int:
@@ -147,7 +162,8 @@ class MmaTile:
         t = self.threads
         ok = (
             self.WM % 16 == 0 and self.WN % 8 == 0 and self.BM % self.WM == 0 and self.BN % self.WN == 0
-            and self.BKW % 8 == 0 and t % self.BKW == 0 and t % self.BN == 0
+            # waits of up to 3 groups in flight (convlib.cuda.ptx.COPY_GROUPS_IN_FLIGHT)
+            and 2 <= self.stages <= 5 and self.BKW % 8 == 0 and t % self.BKW == 0 and t % self.BN == 0
             and (self.BM * self.BKW) % t == 0 and (self.BKW * self.BN) % t == 0
             # the channels-last kernel's 16-byte chunks (four words) too
             and t % (self.BKW // 4) == 0 and (self.BM * self.BKW // 4) % t == 0 and (self.BN * self.BKW // 4) % t == 0
@@ -213,17 +229,23 @@ _GEMM_TILES = {
 #: On an H200 (docs/gpu.md), 4 warps of 64x64 (128 accumulators per thread) on 128x128 beat 8
 #: warps of 64x32 on ResNet-50's 3x3 and 1x1 layers in TF32 and float16 (0.18 against 0.21 ms on
 #: the 28^2 3x3 layer, float16); 64x128 serves 64 filters.
-_MMA_TILES = {
-    precision: (
-        MmaTile(BM=128, BN=128, BKW=16, WM=64, WN=64),
-        MmaTile(BM=128, BN=128, BKW=16, WM=64, WN=32),
-        MmaTile(BM=64, BN=128, BKW=16, WM=32, WN=32),
-        MmaTile(BM=128, BN=64, BKW=16, WM=64, WN=32),
-        MmaTile(BM=64, BN=64, BKW=16, WM=32, WN=32),
-        MmaTile(BM=32, BN=128, BKW=16, WM=32, WN=32),
-    )
-    for precision in ("tf32", "float16", "bfloat16")
-}
+_REGISTER_STAGED_TILES = (
+    MmaTile(BM=128, BN=128, BKW=16, WM=64, WN=64),
+    MmaTile(BM=128, BN=128, BKW=16, WM=64, WN=32),
+    MmaTile(BM=64, BN=128, BKW=16, WM=32, WN=32),
+    MmaTile(BM=128, BN=64, BKW=16, WM=64, WN=32),
+    MmaTile(BM=64, BN=64, BKW=16, WM=32, WN=32),
+    MmaTile(BM=32, BN=128, BKW=16, WM=32, WN=32),
+)
+#: The tiles below 128 x 128 again for the channels-last kernel with cp.async (3 stages of 16
+#: words; convlib.cuda.tiles.choose_mma_tile takes them only there, the register-staged twins
+#: elsewhere). On an H200 in float16 they beat their twins on ResNet-50's 64-filter 3x3 layer
+#: (0.231 against 0.244 ms), and 64 x 64 in TF32 on the 7x7 3x3 layer (0.373 against 0.452
+#: ms); 128 x 128 stays register-staged: its cp.async version (4 stages of 8 words, to fit 48
+#: KiB) was 0-30% slower (docs/gpu.md).
+_COPYING_TILES = tuple(replace(t, stages=3) for t in _REGISTER_STAGED_TILES if t.BM * t.BN < 128 * 128)
+_MMA_TILES = {precision: _REGISTER_STAGED_TILES[:2] + _COPYING_TILES + _REGISTER_STAGED_TILES[2:]
+              for precision in ("tf32", "float16", "bfloat16")}
 
 #: Direct tiles per dtype. For float32, 8x256 outputs of 4 channels with 1x8 per thread ran the
 #: seed shape (N=8, C=K=4, 1024x1024, 3x3) fastest of eight tiles on an H200 (docs/gpu.md).

@@ -9,7 +9,9 @@ layout):
 * Operands are 32-bit *words*: a TF32 value (float32 rounded by ``cvt.rna.tf32.f32``), or two
   half-precision values of consecutive taps. A block stages ``BM x BKW`` words of A and
   ``BKW x BN`` of B per step in one shared array, double-buffered, the next step's words fetched
-  into registers while the current ones are multiplied (one barrier a step). Row strides
+  into registers while the current ones are multiplied (one barrier a step); with a tile of 3
+  or more ``stages`` the channels-last kernel copies its chunks by ``cp.async`` straight into
+  shared memory, ``stages - 1`` steps ahead (:func:`_copy_pipeline`). Row strides
   (:class:`~convlib.cuda.tables.MmaTile`) put the words a fragment reads in distinct banks.
 * Each warp owns a ``WM x WN`` tile of C: ``WM/16 x WN/8`` products of 16 x 8, four float32
   accumulators each per lane. Per 8 words of depth it loads its A and B fragments from shared
@@ -109,7 +111,7 @@ def mma_source(key, tile: MmaTile, precision: str, simulator: bool = False,
     store = [f"a_stage[a_write + U({a_row_step * i * AS})] = a_next_{i}" for i in range(tile.a_per_thread)]
     store += [f"b_stage[b_write + U({b_row_step * i * BS})] = b_next_{i}" for i in range(tile.b_per_thread)]
 
-    multiply = _products(tile, precision, simulator, a_ldmatrix=False, b_ldmatrix=False)
+    multiply = _products(tile, precision, simulator, a_ldmatrix=False, b_mode="words")
     epilogue = _epilogue(key, tile, precision, check_m, simulator)
 
     setup = [
@@ -142,7 +144,7 @@ def mma_source(key, tile: MmaTile, precision: str, simulator: bool = False,
     )
     constants.update(image_constants(key))
     constants.update(_word_constants(simulator, precision))
-    constants.update(SHARED_WORDS=tile.shared_words, B_BASE=np.uint64(2 * BM * AS), TAP=tap_table)
+    constants.update(SHARED_WORDS=tile.shared_words, B_BASE=np.uint64(tile.stages * BM * AS), TAP=tap_table)
     return source, constants
 
 
@@ -203,6 +205,10 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
     KKW = key.R * key.S * CGW
     check_m = M % BM != 0
     check_k = KKW % BKW != 0
+    if tile.stages > 2:
+        if pixels:
+            raise ValueError("the in-place kernel stages its operands through registers (two stages)")
+        return _copying_source(key, tile, precision, simulator)
 
     fetch = ["kw = k0 + j4"]
     for i in range(a_chunks):
@@ -221,7 +227,7 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
     fetch_b, store_b, columns = (_pixel_units if pixels else _channel_chunks)(key, tile, precision, check_k)
     fetch += fetch_b
     store += store_b
-    multiply = _products(tile, precision, simulator, a_ldmatrix=True, b_ldmatrix=not pixels)
+    multiply = _products(tile, precision, simulator, a_ldmatrix=True, b_mode="words" if pixels else "ldmatrix")
     epilogue = _epilogue(key, tile, precision, check_m, simulator)
     # B's fragments: ldmatrix rows of pixels (channels-last), or words read [k word][n] (pixels)
     b_fragments = ("b_read = B_BASE + stage * B_STAGE + lt * B_STRIDE + warp_n + lg" if pixels else
@@ -261,8 +267,111 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
     )
     constants.update(image_constants(key))
     constants.update(_word_constants(simulator, precision))
-    constants.update(SHARED_WORDS=tile.shared_words, B_BASE=np.uint64(2 * BM * AS))
+    constants.update(SHARED_WORDS=tile.shared_words, B_BASE=np.uint64(tile.stages * BM * AS))
     return source, constants
+
+
+def copies_chunks(layout: str, precision: str) -> bool:
+    """Whether the kernel of ``layout`` (:func:`operand_layout`) in ``precision`` copies its
+    operands to shared memory by ``cp.async`` (tiles of 3 or more stages): the channels-last
+    kernel, whose chunks move as they are. (The in-place kernel interleaves its B in registers,
+    and rounds its filters in TF32; staging its B as it lies, read by ``ldmatrix.trans``, was
+    slower on an H200: ``docs/gpu.md``.)"""
+    return layout == "channels_last"
+
+
+def _copying_source(key, tile: MmaTile, precision: str, simulator: bool) -> tuple[str, dict]:
+    """The channels-last kernel of :func:`channels_last_source` for tiles of 3 or more stages:
+    each thread's 16-byte chunks of a step go from global to shared memory by ``cp.async``
+    (``copy16``), ``stages - 1`` steps ahead of the products, with no registers in between; a
+    chunk outside the operands is written as zeros (a copy of 0 bytes)."""
+    epw = ELEMENTS_PER_WORD[precision]
+    BM, BN, BKW = tile.BM, tile.BN, tile.BKW
+    AS = tile.a_stride
+    CPR = BKW // 4
+    threads = tile.threads
+    row_step = threads // CPR
+    M = key.gemm_m
+    CGW = key.C_per_group // epw
+    KKW = key.R * key.S * CGW
+    check_m = M % BM != 0
+    check_k = KKW % BKW != 0
+
+    copies = ["kw = k0 + j4"]
+    for i in range(BM * CPR // threads):
+        cond = ([f"a_row + U({row_step * i}) < M_LEFT"] if check_m else []) + (["kw < KKW"] if check_k else [])
+        copies += _copy_lines(f"a_write + U({row_step * i * AS})", "w", f"(a_src + U({row_step * i})) * KKW + kw", cond)
+    copies_b, columns = _channel_chunk_copies(key, tile, check_k)
+    copies += copies_b
+    multiply = _products(tile, precision, simulator, a_ldmatrix=True, b_mode="ldmatrix")
+    epilogue = _epilogue(key, tile, precision, check_m, simulator)
+    setup = [
+        f"# This thread's chunks of each step: chunk j4/4 of rows a_row + {row_step}*i of A and of pixels b_row + {row_step}*i of B.",
+        "j4 = (tid % CPR) * U(4)",
+        "a_row = tid // CPR",
+        "b_row = a_row",
+        "a_src = g * M + m0 + a_row",
+        "a_store = a_row * A_STRIDE + j4",
+        "b_store = B_BASE + b_row * A_STRIDE + j4",
+        *columns,
+    ]
+    fragments = [
+        "# ldmatrix rows: see channels_last_source.",
+        "a_matrix_rows = stage * A_STAGE + (warp_m + (lane & U(7)) + (lane & U(8))) * A_STRIDE + (lane >> U(4)) * U(4)",
+        "b_matrix_rows = (B_BASE + stage * B_STAGE + (warp_n + (lane & U(7)) + (lane >> U(4)) * U(8))"
+        " * A_STRIDE + ((lane >> U(3)) & U(1)) * U(4))",
+    ]
+    source = _assemble(tile, simulator, "IN b: the image as NHWC words (N*H*W*C/EPW); IN w: filters as (K, R, S, C/groups) words",
+                       f"{tile.stages} stages x BN pixels x A_STRIDE words of B", setup, copies, [], fragments,
+                       multiply, epilogue)
+    constants = unsigned_constants(
+        BM=BM, BN=BN, STEP=BKW, BKW=BKW, WM=tile.WM, WN=tile.WN, WARPS_N=BN // tile.WN, M=M, KKW=KKW, CGW=CGW,
+        CW=key.C // epw, HWCW=key.H * key.W * key.C // epw, CPR=CPR, PQ=key.P * key.Q,
+        KPQ=key.K * key.P * key.Q, ONE=1, K_TILES=-(-KKW // BKW), A_STRIDE=AS, A_STAGE=BM * AS,
+        B_STAGE=BN * AS, STAGES=tile.stages, AHEAD=tile.stages - 1,
+    )
+    constants.update(image_constants(key))
+    constants.update(_word_constants(simulator, precision))
+    constants.update(SHARED_WORDS=tile.shared_words, B_BASE=np.uint64(tile.stages * BM * AS), SIXTEEN=np.uint32(16))
+    return source, constants
+
+
+def _copy_lines(target: str, array: str, index: str, cond: list[str]) -> list[str]:
+    """Generated lines copying the chunk ``array[index:index + 4]`` to ``a_stage[target...]``
+    by ``cp.async``, or zeros unless every condition of ``cond`` holds (then the index is 0,
+    so no address outside the array is formed)."""
+    if not cond:
+        return [f"copy16(a_stage, {target}, {array}, {index}, SIXTEEN)"]
+    return [f"ok = {' and '.join(cond)}",
+            f"copy16(a_stage, {target}, {array}, ({index}) if ok else U(0), SIXTEEN if ok else ZERO32)"]
+
+
+def _channel_chunk_copies(key, tile: MmaTile, check_k: bool):
+    """Generated copy and setup lines of the channels-last kernel's B with ``cp.async`` (the
+    chunks of :func:`_channel_chunks`)."""
+    chunks_per_row = tile.BKW // 4
+    step = tile.threads // chunks_per_row
+    padded = any(key.padding)
+    copies = ["tap = kw // CGW", "cw = kw - tap * CGW", "r = tap // S", "s = tap - r * S",
+              "ih_shift = I(r * DH)", "iw_shift = I(s * DW)"]
+    columns = []
+    for i in range(tile.BN * chunks_per_row // tile.threads):
+        cond = [f"col_ok_{i}"] + (["kw < KKW"] if check_k else []) + (["U(ih) < H", "U(iw) < W"] if padded else [])
+        copies += [f"ih = ih0_{i} + ih_shift", f"iw = iw0_{i} + iw_shift"]
+        copies += _copy_lines(f"b_write + U({step * i * tile.a_stride})", "b",
+                              f"pix_{i} + (U(ih) * W + U(iw)) * CW + cw", cond)
+        columns += [
+            f"n = n0 + b_row + U({step * i})",
+            f"col_ok_{i} = n < ngemm",
+            "img = n // PQ",
+            "pq = n - img * PQ",
+            "p = pq // Q",
+            "q = pq - p * Q",
+            f"ih0_{i} = I(p * SH) - TOP",
+            f"iw0_{i} = I(q * SW) - LEFT",
+            f"pix_{i} = img * HWCW + g * CGW",
+        ]
+    return copies, columns
 
 
 def _channel_chunks(key, tile: MmaTile, precision: str, check_k: bool):
@@ -306,6 +415,10 @@ def _pixel_units(key, tile: MmaTile, precision: str, check_k: bool):
     half = ELEMENTS_PER_WORD[precision] == 2
     pixels = 8 if half else 4
     units_per_row = tile.BN // pixels
+    if (tile.BKW * units_per_row) % tile.threads or tile.threads % units_per_row:
+        # Each thread loads whole units of B; a remainder would be left unloaded (a wrong product).
+        raise ValueError(f"{tile}: the in-place kernel needs BKW * BN / {pixels} units of {pixels} pixels to divide "
+                         f"among its {tile.threads} threads; choose another tile (the mma_tile knob)")
     step = tile.threads // units_per_row
     units = tile.BKW * units_per_row // tile.threads
     BS = tile.b_stride
@@ -346,7 +459,8 @@ def _assemble(tile: MmaTile, simulator: bool, operands: str, b_stage: str, setup
     """The kernel every tensor-core source shares, around its generated parts: ``setup`` (this
     thread's share of the steps), ``fetch`` (the next step into registers, from ``k0``; a step
     is ``STEP`` taps or words), ``store`` (registers to the stage ``a_write`` / ``b_write``),
-    ``fragments`` (the stage's fragment addresses), ``multiply`` and ``epilogue``."""
+    ``fragments`` (the stage's fragment addresses), ``multiply`` and ``epilogue``. With more
+    than two stages ``fetch`` holds the step's ``cp.async`` copies and ``store`` nothing."""
     MT, NT = tile.WM // 16, tile.WN // 8
     align = "" if simulator else ", alignment=16"
     exchange = []
@@ -354,11 +468,13 @@ def _assemble(tile: MmaTile, simulator: bool, operands: str, b_stage: str, setup
         exchange = [f"words = cuda.shared.array({tile.warps * 32 * FRAGMENT_WORDS}, uint32)",
                     f"warp_words = warp * U({32 * FRAGMENT_WORDS})",
                     f"lane_words = warp_words + lane * U({FRAGMENT_WORDS})"]
+    loop = (_copy_pipeline(tile.stages, fetch, fragments, multiply) if tile.stages > 2
+            else _register_pipeline(fetch, store, fragments, multiply))
     tap_line = "    tap = cuda.const.array_like(TAP)   # (c*H*W + r*dh*W + s*dw, r*dh << 16 | s*dw) per k" if tap else ""
     return f'''
 def mma_gemm(b, w, bias, y, n_images):
     # {operands}; IN bias (K,); OUT y (N*K*P*Q)
-    # 2 stages x BM rows x A_STRIDE words of A, then {b_stage}
+    # {tile.stages} stages x BM rows x A_STRIDE words of A, then {b_stage}
     a_stage = cuda.shared.array(SHARED_WORDS, uint32{align})
     b_stage = a_stage
 {tap_line}
@@ -378,29 +494,74 @@ def mma_gemm(b, w, bias, y, n_images):
     warp_n = (warp % WARPS_N) * WN
 {indent(setup, 1)}
 {indent([f"acc_{mi}_{nj}_{r} = zero" for mi in range(MT) for nj in range(NT) for r in range(4)], 1)}
-    k0 = U(0)
-{indent(fetch, 1)}
-    a_write = a_store
-    b_write = b_store
-{indent(store, 1)}
-    cuda.syncthreads()
-    for kt in range(K_TILES):
-        has_next = kt + ONE < K_TILES
-        if has_next:
-            k0 = (kt + ONE) * STEP
-{indent(fetch, 3)}
-        stage = kt & ONE
-{indent(fragments, 2)}
-{indent(multiply, 2)}
-        if has_next:
-            a_write = (stage ^ ONE) * A_STAGE + a_store
-            b_write = (stage ^ ONE) * B_STAGE + b_store
-{indent(store, 3)}
-        cuda.syncthreads()
+{indent(loop, 1)}
     m_row = warp_m + lg
     bias_row = g * M + m0 + m_row
 {indent(epilogue, 1)}
 '''
+
+
+def _register_pipeline(fetch, store, fragments, multiply) -> list[str]:
+    """The main loop of two stages: the next step fetched into registers during the products
+    and stored into the other stage after them; one barrier a step."""
+    return [
+        "k0 = U(0)",
+        *fetch,
+        "a_write = a_store",
+        "b_write = b_store",
+        *store,
+        "cuda.syncthreads()",
+        "for kt in range(K_TILES):",
+        "    has_next = kt + ONE < K_TILES",
+        "    if has_next:",
+        "        k0 = (kt + ONE) * STEP",
+        *("        " + line for line in fetch),
+        "    stage = kt & ONE",
+        *("    " + line for line in fragments),
+        *("    " + line for line in multiply),
+        "    if has_next:",
+        "        a_write = (stage ^ ONE) * A_STAGE + a_store",
+        "        b_write = (stage ^ ONE) * B_STAGE + b_store",
+        *("        " + line for line in store),
+        "    cuda.syncthreads()",
+    ]
+
+
+def _copy_pipeline(stages: int, copies, fragments, multiply) -> list[str]:
+    """The main loop of ``stages`` stages: ``copies`` (issued from ``k0`` into ``a_write`` /
+    ``b_write``) run ``stages - 1`` steps ahead as one ``cp.async`` group per step. Step ``kt``
+    waits for its own group (at most ``stages - 2`` younger ones still in flight), and the
+    barrier after the wait both publishes every thread's copies and tells that step ``kt - 1``'s
+    stage, which the copies of step ``kt + stages - 1`` overwrite, has been read. One barrier a
+    step, as with two stages; the last one before the epilogue reuses the stages."""
+    lines = []
+    for s in range(stages - 1):
+        lines += [
+            f"if U({s}) < K_TILES:",
+            f"    k0 = U({s}) * STEP",
+            f"    a_write = U({s}) * A_STAGE + a_store",
+            f"    b_write = U({s}) * B_STAGE + b_store",
+            *("    " + line for line in copies),
+            "copy_commit()",
+        ]
+    return lines + [
+        "for kt in range(K_TILES):",
+        f"    copy_wait_{stages - 2}()",
+        "    cuda.syncthreads()",
+        "    ahead = kt + AHEAD",
+        "    if ahead < K_TILES:",
+        "        k0 = ahead * STEP",
+        "        slot = ahead % STAGES",
+        "        a_write = slot * A_STAGE + a_store",
+        "        b_write = slot * B_STAGE + b_store",
+        *("        " + line for line in copies),
+        "    copy_commit()",  # every step commits, empty or not: the wait counts groups
+        "    stage = kt % STAGES",
+        *("    " + line for line in fragments),
+        *("    " + line for line in multiply),
+        "copy_wait_0()",
+        "cuda.syncthreads()",
+    ]
 
 
 def _word_constants(simulator: bool, precision: str) -> dict:
@@ -472,14 +633,15 @@ def filters_channels_last(w, wt):
             compile_kernel(source, "filters_channels_last", constants, simulator=simulator))
 
 
-def _products(tile: MmaTile, precision: str, simulator: bool, a_ldmatrix: bool, b_ldmatrix: bool) -> list[str]:
+def _products(tile: MmaTile, precision: str, simulator: bool, a_ldmatrix: bool, b_mode: str) -> list[str]:
     """Generated lines of one staged step: each warp's fragments read from shared memory and
     every product issued. A is staged ``[m][k word]``, its fragments read by ``ldmatrix`` (rows
-    set up in ``a_matrix_rows``) or word by word (from ``a_read``). B is staged ``[n][k word]``
-    with A's stride and read by ``ldmatrix`` (``b_matrix_rows``; the channels-last kernel), or
-    staged ``[k word][n]`` and read word by word (from ``b_read``)."""
+    set up in ``a_matrix_rows``) or word by word (from ``a_read``). B (``b_mode``) is staged
+    ``[n][k word]`` with A's stride and read by ``ldmatrix`` (``"ldmatrix"``, from
+    ``b_matrix_rows``; the channels-last kernel), or staged ``[k word][n]`` and read word by
+    word (``"words"``, from ``b_read``)."""
     AS = tile.a_stride
-    BS = tile.a_stride if b_ldmatrix else tile.b_stride
+    BS = {"ldmatrix": tile.a_stride, "words": tile.b_stride}[b_mode]
     MT, NT = tile.WM // 16, tile.WN // 8
     lines = []
 
@@ -498,7 +660,7 @@ def _products(tile: MmaTile, precision: str, simulator: bool, a_ldmatrix: bool, 
             else:
                 lines += [f"{name} = a_stage[a_read + U({base + offset})]"
                           for name, offset in zip(names, (0, 8 * AS, 4, 8 * AS + 4))]
-        if b_ldmatrix:  # two products' B per ldmatrix
+        if b_mode == "ldmatrix":  # two products' B per ldmatrix
             for pair in range(0, NT, 2):
                 names = [f"b{pair}_0", f"b{pair}_1", f"b{pair + 1}_0", f"b{pair + 1}_1"]
                 lines += ldmatrix(names, f"b_matrix_rows + U({pair * 8 * BS + ks * 8})")
@@ -596,11 +758,14 @@ def mma_kernel(key, tile: MmaTile, precision: str, layout: str, simulator: bool 
         bias; half values as bits); ``y``: flat output of ``n_images`` images (half values as
         bits). Launch it with :func:`mma_launch_shape`.
     """
+    if not copies_chunks(layout, precision):  # its operands go through registers: two stages
+        tile = tile.with_stages(2)
     if layout in ("channels_last", "pixels"):
         source, constants = channels_last_source(key, tile, precision, simulator, pixels=layout == "pixels")
     else:
         source, constants = mma_source(key, tile, precision, simulator, tap_table_bytes)
-    return compile_kernel(source, "mma_gemm", constants, simulator=simulator, launch_bounds=(tile.threads, 1))
+    return compile_kernel(source, "mma_gemm", constants, simulator=simulator,
+                          launch_bounds=(tile.threads, tile.min_blocks))
 
 
 def mma_launch_shape(problem, tile: MmaTile, n_images: int) -> tuple[tuple[int, int, int], int]:

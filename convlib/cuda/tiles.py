@@ -29,12 +29,16 @@ def choose_gemm_tile(problem, multiprocessors: int, simulator: bool = False, nge
     return _preferred(tiles, problem, multiprocessors, problem.gemm_n if ngemm is None else ngemm)
 
 
-def choose_mma_tile(problem, precision: str, multiprocessors: int, simulator: bool = False) -> MmaTile:
+def choose_mma_tile(problem, precision: str, multiprocessors: int, simulator: bool = False,
+                    copies: bool = False) -> MmaTile:
     """The tensor-core tile for ``problem`` in ``precision`` (``"tf32"``, ``"float16"``,
-    ``"bfloat16"``), by the rule of :func:`choose_gemm_tile`."""
+    ``"bfloat16"``), by the rule of :func:`choose_gemm_tile` among the tiles its kernel runs as
+    listed: those of 3 or more stages only where the kernel copies its chunks by ``cp.async``
+    (``copies``: :func:`convlib.cuda.tensor_gemm.copies_chunks`)."""
     if KNOBS.mma_tile is not None:
         return KNOBS.mma_tile.check()
     tiles = KNOBS.simulator_mma_tiles if simulator else KNOBS.lookup("mma_tiles", precision)
+    tiles = [t for t in tiles if copies or t.stages == 2]
     return _preferred(tiles, problem, multiprocessors, problem.gemm_n)
 
 
