@@ -525,7 +525,7 @@ def test_tensor_cores_copy_pipeline_matches_reference(precision, case, tile, poi
         pytest.skip("bfloat16 host arrays need ml_dtypes")
     problem = tensor_problem(case, dtype)
     layout = operand_layout(problem, precision)
-    if copies_chunks(layout, precision):  # the kernel really is the pipeline
+    if copies_chunks(layout):  # the kernel really is the pipeline
         source, _ = channels_last_source(shape_key(problem), COPY_TILES[tile], precision, STATE != "gpu")
         assert "copy16(" in source and f"copy_wait_{COPY_TILES[tile].stages - 2}()" in source
     x, w, b = random_inputs(problem, seed=29)
@@ -748,6 +748,7 @@ def test_torch_half_tensors_on_tensor_cores(case, dtype):
     halves = [t.double().cpu().numpy() for t in (tx, tw, tb)]
     err = relative_error(ty.double().cpu().numpy(), conv2d_reference_for(problem, *halves))
     assert err <= TOLERANCE[dtype], f"blis {dtype} {case}: relative error {err:.3e}"
+
 
 @needs_gpu
 def test_cupy_float16_in_cupy_float16_out():

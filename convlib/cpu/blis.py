@@ -62,7 +62,7 @@ from ..core.problem import ConvProblem
 from .micro_kernels import (
     ACCUMULATE, STORE, STORE_WITH_BIAS, micro_kernel, micro_kernel_columns, micro_kernel_split, store_edge_tile,
 )
-from .packing import RUN_COLUMNS, TAP_COLUMNS, pack_a_from_filters, pack_b_from_image
+from .packing import RUN_COLUMNS, TAP_COLUMNS, pack_a_from_filters, pack_b_from_image, packs_linear
 from .tables import KNOBS, VECTOR_SLACK_BYTES, BlisBlocking, blis_blocking
 
 #: The sizes the kernels need, as one numba-friendly (homogeneous int) named tuple.
@@ -197,8 +197,7 @@ def image_pack_cost(problem: ConvProblem, NR: int) -> float:
     run of pixels that a tap copies at once (an output row; a panel's pixels of one image when the
     packing is linear), spread over the run's elements."""
     p = problem
-    linear = p.stride[1] == 1 and p.stride[0] * p.W == p.Q and p.Q < NR
-    run = min(NR, p.P * p.Q) if linear else min(NR, p.Q)
+    run = min(NR, p.P * p.Q) if packs_linear(*p.stride, p.W, p.Q, NR) else min(NR, p.Q)
     return KNOBS.blis_image_pack_cost_flops + KNOBS.blis_image_pack_run_cost_flops / run
 
 

@@ -136,15 +136,15 @@ def _micro_kernel_function(MR: int, NR: int, L: int):
 
 @functools.lru_cache(maxsize=None)
 def _columns_micro_kernel_function(MR: int, NR: int, L: int):
-    # The bodies are plain Python functions of one exec'd namespace; the dispatcher's calls to
-    # them are compiled as calls to jitted, always-inlined functions.
-    namespace = dict(_NAMESPACE)
-    exec(compile(render_columns_micro_kernel(MR, NR, L), f"<convlib blis micro_kernel_columns_{MR}x{NR}>", "exec"),
-         namespace)
+    dispatcher = exec_function(render_columns_micro_kernel(MR, NR, L), f"micro_kernel_columns_{MR}x{NR}",
+                               _NAMESPACE, "blis")
+    # The bodies share the dispatcher's namespace as plain Python functions: its calls to them
+    # are compiled as calls to jitted, always-inlined functions.
+    namespace = dispatcher.__globals__
     for v in range(1, NR // L + 1):
         name = f"micro_kernel_{MR}x{v * L}_of_{NR}"
         namespace[name] = njit(inline="always", fastmath={"contract"})(namespace[name])
-    return namespace[f"micro_kernel_columns_{MR}x{NR}"]
+    return dispatcher
 
 
 @functools.lru_cache(maxsize=None)

@@ -150,8 +150,7 @@ def pack_b_from_image(
         pack_b_pointwise_strided(x, image, plane, W, P, Q, sh, sw, channel0 + pc, jc, nc, kc, NR,
                                  runs, Bc)
         return
-    # Worth it when a panel holds several output rows; otherwise the per-row clipping is cheaper.
-    linear = sw == 1 and sh * W == Q and Q < NR
+    linear = packs_linear(sh, sw, W, Q, NR)
     RS = geo.filter_h * geo.filter_w
     c = pc // RS
     r = (pc - c * RS) // geo.filter_w
@@ -186,6 +185,14 @@ def pack_b_from_image(
                 pack_tap_by_rows(x, H, W, sh, sw, taps[p], runs, n_runs, Bc, dst)
             if width < NR:  # zero the columns past nc in the last panel
                 fill_zeros_over(Bc, dst + width, NR - width)
+
+
+@njit(cache=True, inline="always")
+def packs_linear(sh, sw, W, Q, NR):
+    """Whether :func:`pack_b_from_image` copies a panel's pixels of one image as one run (the
+    input address is linear in the pixel index: stride 1 along rows and ``W == Q``). Worth it
+    when a panel holds several output rows; otherwise the per-row clipping is cheaper."""
+    return sw == 1 and sh * W == Q and Q < NR
 
 
 @njit(cache=True, inline="always")

@@ -123,7 +123,7 @@ def _plan(problem, precision, multiprocessors: int, simulator: bool, knobs: tupl
         kernel = gemm_kernel(key, tile, IMAGE, simulator, KNOBS.tap_table_bytes)
         return _Launch(kernel, *gemm_launch_shape(problem, tile, problem.N), None, None)
     operands = operand_layout(problem, precision)
-    tile = choose_mma_tile(problem, precision, multiprocessors, simulator, copies_chunks(operands, precision))
+    tile = choose_mma_tile(problem, precision, multiprocessors, simulator, copies_chunks(operands))
     kernel = mma_kernel(key, tile, precision, operands, simulator, KNOBS.tap_table_bytes)
     layout = layout_kernels(key, precision, simulator) if operands == "channels_last" else None
     return _Launch(kernel, *mma_launch_shape(problem, tile, problem.N), operands, layout)

@@ -56,9 +56,10 @@ def instructions(simulator: bool) -> dict:
     ``(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3)``), ``tf32_word(f32)``,
     ``float16_bits(f32)``, ``bfloat16_bits(f32)`` (round to nearest even), ``float16_value(bits)``,
     ``bits_value(u32)`` (a float32 from its bits) and ``float_bits(f32)`` (its bits);
-    ``load4(array, i)`` and ``store4(array, i, w0, w1, w2, w3)``: four uint32 words at ``array[i:i + 4]`` in one 16-byte access (``i`` a
-    multiple of 4 and the array 16-byte aligned: the caller's promise); ``ldmatrix4(array, i)``:
-    the warp's ``ldmatrix.x4`` from a shared array, each lane naming one row of four words (lanes
+    ``load4(array, i)`` and ``store4(array, i, w0, w1, w2, w3)``: four uint32 words at
+    ``array[i:i + 4]`` in one 16-byte access (``i`` a multiple of 4 and the array 16-byte
+    aligned: the caller's promise); ``ldmatrix4(array, i)``: the warp's ``ldmatrix.x4`` from a
+    shared array, each lane naming one row of four words (lanes
     ``8j..8j + 7`` the rows of matrix ``j``; 16-byte aligned) and receiving word ``l & 3`` of row
     ``l >> 2`` of each of the four matrices.
 
@@ -72,8 +73,9 @@ def instructions(simulator: bool) -> dict:
     Under the simulator, ``mma_lane(precision, words, base, lane, c0, c1, c2, c3)`` replaces the
     products and ``ldmatrix_lane(array, words, base, lane)`` the ``ldmatrix4``: the kernel first
     stores each lane's six operand words at ``words[base + 6 * lane ...]`` (or its row's index at
-    ``words[base + lane]``) and synchronises (see :func:`simulated_mma`). Copies are done at once there and their groups are nothing to
-    wait for: the barrier after the wait orders them as on the GPU.
+    ``words[base + lane]``) and synchronises (see :func:`simulated_mma`). Copies are done at once
+    there and their groups are nothing to wait for: the barrier after the wait orders them as on
+    the GPU.
     """
     return _simulated() if simulator else _device()
 

@@ -199,32 +199,33 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
     CPR = BKW // 4  # chunks per staged row
     threads = tile.threads
     row_step = threads // CPR
-    a_chunks = BM * CPR // threads
     M = key.gemm_m
     CGW = key.C_per_group // epw
     KKW = key.R * key.S * CGW
     check_m = M % BM != 0
     check_k = KKW % BKW != 0
-    if tile.stages > 2:
-        if pixels:
-            raise ValueError("the in-place kernel stages its operands through registers (two stages)")
-        return _copying_source(key, tile, precision, simulator)
+    copying = tile.stages > 2
+    if copying and pixels:
+        raise ValueError("the in-place kernel stages its operands through registers (two stages)")
 
-    fetch = ["kw = k0 + j4"]
-    for i in range(a_chunks):
-        cond = ([f"a_row + U({row_step * i}) < M_LEFT"] if check_m else []) + (["kw < KKW"] if check_k else [])
-        words = ", ".join(f"a_next_{i}_{j}" for j in range(4))
-        load = [f"{words} = load4(w, (a_src + U({row_step * i})) * KKW + kw)"]
-        if pixels and precision == "tf32":  # the filters as they are: rounded here
-            load += [f"a_next_{i}_{j} = tf32_word(bits_value(a_next_{i}_{j}))" for j in range(4)]
-        if cond:
-            fetch += [f"if {' and '.join(cond)}:", *("    " + line for line in load), "else:",
-                      f"    {' = '.join(f'a_next_{i}_{j}' for j in range(4))} = ZERO32"]
-        else:
-            fetch += load
-    store = [f"store4(a_stage, a_write + U({row_step * i * AS}), {', '.join(f'a_next_{i}_{j}' for j in range(4))})"
-             for i in range(a_chunks)]
-    fetch_b, store_b, columns = (_pixel_units if pixels else _channel_chunks)(key, tile, precision, check_k)
+    # A: chunk j4/4 of filter rows a_row + row_step*i.
+    a_chunks = [(([f"a_row + U({row_step * i}) < M_LEFT"] if check_m else []) + (["kw < KKW"] if check_k else []),
+                 f"(a_src + U({row_step * i})) * KKW + kw", f"a_write + U({row_step * i * AS})")
+                for i in range(BM * CPR // threads)]
+    fetch, store = ["kw = k0 + j4"], []
+    for i, (cond, index, target) in enumerate(a_chunks):
+        names = [f"a_next_{i}_{j}" for j in range(4)]
+        if copying:
+            fetch += _copy_lines(target, "w", index, cond)
+            continue
+        rounding = ([f"{name} = tf32_word(bits_value({name}))" for name in names]  # the filters as they are
+                    if pixels and precision == "tf32" else [])
+        fetch += _chunk_load(names, "w", index, cond, rounding)
+        store.append(f"store4(a_stage, {target}, {', '.join(names)})")
+    if pixels:
+        fetch_b, store_b, columns = _pixel_units(key, tile, precision, check_k)
+    else:
+        fetch_b, store_b, columns = _channel_chunks(key, tile, check_k, copying)
     fetch += fetch_b
     store += store_b
     multiply = _products(tile, precision, simulator, a_ldmatrix=True, b_mode="words" if pixels else "ldmatrix")
@@ -254,9 +255,9 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
     ]
     operands = ("IN b: the image as uint32 words (pairs of pixels in half precision); IN w: the filters likewise"
                 if pixels else "IN b: the image as NHWC words (N*H*W*C/EPW); IN w: filters as (K, R, S, C/groups) words")
-    source = _assemble(tile, simulator, operands,
-                       "2 stages x BKW rows x B_STRIDE words of B" if pixels else "2 stages x BN pixels x A_STRIDE words of B",
-                       setup, fetch, store, fragments, multiply, epilogue)
+    b_stage = (f"{tile.stages} stages x BKW rows x B_STRIDE words of B" if pixels
+               else f"{tile.stages} stages x BN pixels x A_STRIDE words of B")
+    source = _assemble(tile, simulator, operands, b_stage, setup, fetch, store, fragments, multiply, epilogue)
     constants = unsigned_constants(
         BM=BM, BN=BN, STEP=BKW, BKW=BKW, WM=tile.WM, WN=tile.WN, WARPS_N=BN // tile.WN, M=M, KKW=KKW, CGW=CGW,
         CW=key.C // epw, HWCW=key.H * key.W * key.C // epw, CPR=CPR, PQ=key.P * key.Q,
@@ -264,76 +265,31 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
         B_STAGE=BKW * tile.b_stride if pixels else BN * AS, B_STRIDE=tile.b_stride,
         PIXEL_UNITS=BN // (4 * epw), CGHW_WORDS=key.C_per_group * key.H * key.W // epw,
         CHW_WORDS=key.C * key.H * key.W // epw, HW_WORDS=key.H * key.W // epw,
-    )
-    constants.update(image_constants(key))
-    constants.update(_word_constants(simulator, precision))
-    constants.update(SHARED_WORDS=tile.shared_words, B_BASE=np.uint64(tile.stages * BM * AS))
-    return source, constants
-
-
-def copies_chunks(layout: str, precision: str) -> bool:
-    """Whether the kernel of ``layout`` (:func:`operand_layout`) in ``precision`` copies its
-    operands to shared memory by ``cp.async`` (tiles of 3 or more stages): the channels-last
-    kernel, whose chunks move as they are. (The in-place kernel interleaves its B in registers,
-    and rounds its filters in TF32; staging its B as it lies, read by ``ldmatrix.trans``, was
-    slower on an H200: ``docs/gpu.md``.)"""
-    return layout == "channels_last"
-
-
-def _copying_source(key, tile: MmaTile, precision: str, simulator: bool) -> tuple[str, dict]:
-    """The channels-last kernel of :func:`channels_last_source` for tiles of 3 or more stages:
-    each thread's 16-byte chunks of a step go from global to shared memory by ``cp.async``
-    (``copy16``), ``stages - 1`` steps ahead of the products, with no registers in between; a
-    chunk outside the operands is written as zeros (a copy of 0 bytes)."""
-    epw = ELEMENTS_PER_WORD[precision]
-    BM, BN, BKW = tile.BM, tile.BN, tile.BKW
-    AS = tile.a_stride
-    CPR = BKW // 4
-    threads = tile.threads
-    row_step = threads // CPR
-    M = key.gemm_m
-    CGW = key.C_per_group // epw
-    KKW = key.R * key.S * CGW
-    check_m = M % BM != 0
-    check_k = KKW % BKW != 0
-
-    copies = ["kw = k0 + j4"]
-    for i in range(BM * CPR // threads):
-        cond = ([f"a_row + U({row_step * i}) < M_LEFT"] if check_m else []) + (["kw < KKW"] if check_k else [])
-        copies += _copy_lines(f"a_write + U({row_step * i * AS})", "w", f"(a_src + U({row_step * i})) * KKW + kw", cond)
-    copies_b, columns = _channel_chunk_copies(key, tile, check_k)
-    copies += copies_b
-    multiply = _products(tile, precision, simulator, a_ldmatrix=True, b_mode="ldmatrix")
-    epilogue = _epilogue(key, tile, precision, check_m, simulator)
-    setup = [
-        f"# This thread's chunks of each step: chunk j4/4 of rows a_row + {row_step}*i of A and of pixels b_row + {row_step}*i of B.",
-        "j4 = (tid % CPR) * U(4)",
-        "a_row = tid // CPR",
-        "b_row = a_row",
-        "a_src = g * M + m0 + a_row",
-        "a_store = a_row * A_STRIDE + j4",
-        "b_store = B_BASE + b_row * A_STRIDE + j4",
-        *columns,
-    ]
-    fragments = [
-        "# ldmatrix rows: see channels_last_source.",
-        "a_matrix_rows = stage * A_STAGE + (warp_m + (lane & U(7)) + (lane & U(8))) * A_STRIDE + (lane >> U(4)) * U(4)",
-        "b_matrix_rows = (B_BASE + stage * B_STAGE + (warp_n + (lane & U(7)) + (lane >> U(4)) * U(8))"
-        " * A_STRIDE + ((lane >> U(3)) & U(1)) * U(4))",
-    ]
-    source = _assemble(tile, simulator, "IN b: the image as NHWC words (N*H*W*C/EPW); IN w: filters as (K, R, S, C/groups) words",
-                       f"{tile.stages} stages x BN pixels x A_STRIDE words of B", setup, copies, [], fragments,
-                       multiply, epilogue)
-    constants = unsigned_constants(
-        BM=BM, BN=BN, STEP=BKW, BKW=BKW, WM=tile.WM, WN=tile.WN, WARPS_N=BN // tile.WN, M=M, KKW=KKW, CGW=CGW,
-        CW=key.C // epw, HWCW=key.H * key.W * key.C // epw, CPR=CPR, PQ=key.P * key.Q,
-        KPQ=key.K * key.P * key.Q, ONE=1, K_TILES=-(-KKW // BKW), A_STRIDE=AS, A_STAGE=BM * AS,
-        B_STAGE=BN * AS, STAGES=tile.stages, AHEAD=tile.stages - 1,
+        STAGES=tile.stages, AHEAD=tile.stages - 1,
     )
     constants.update(image_constants(key))
     constants.update(_word_constants(simulator, precision))
     constants.update(SHARED_WORDS=tile.shared_words, B_BASE=np.uint64(tile.stages * BM * AS), SIXTEEN=np.uint32(16))
     return source, constants
+
+
+def copies_chunks(layout: str) -> bool:
+    """Whether the kernel of ``layout`` (:func:`operand_layout`) copies its operands to shared
+    memory by ``cp.async`` (tiles of 3 or more stages): the channels-last kernel, whose chunks
+    move as they are. (The in-place kernel interleaves its B in registers, and rounds its
+    filters in TF32; staging its B as it lies, read by ``ldmatrix.trans``, was slower on an
+    H200: ``docs/gpu.md``.)"""
+    return layout == "channels_last"
+
+
+def _chunk_load(names: list[str], array: str, index: str, cond: list[str], after=()) -> list[str]:
+    """Generated lines loading the chunk ``array[index:index + 4]`` into the registers ``names``
+    (then the lines ``after``), or zeros unless every condition of ``cond`` holds."""
+    load = [f"{', '.join(names)} = load4({array}, {index})", *after]
+    if not cond:
+        return load
+    return [f"if {' and '.join(cond)}:", *("    " + line for line in load), "else:",
+            f"    {' = '.join(names)} = ZERO32"]
 
 
 def _copy_lines(target: str, array: str, index: str, cond: list[str]) -> list[str]:
@@ -346,54 +302,28 @@ def _copy_lines(target: str, array: str, index: str, cond: list[str]) -> list[st
             f"copy16(a_stage, {target}, {array}, ({index}) if ok else U(0), SIXTEEN if ok else ZERO32)"]
 
 
-def _channel_chunk_copies(key, tile: MmaTile, check_k: bool):
-    """Generated copy and setup lines of the channels-last kernel's B with ``cp.async`` (the
-    chunks of :func:`_channel_chunks`)."""
-    chunks_per_row = tile.BKW // 4
-    step = tile.threads // chunks_per_row
-    padded = any(key.padding)
-    copies = ["tap = kw // CGW", "cw = kw - tap * CGW", "r = tap // S", "s = tap - r * S",
-              "ih_shift = I(r * DH)", "iw_shift = I(s * DW)"]
-    columns = []
-    for i in range(tile.BN * chunks_per_row // tile.threads):
-        cond = [f"col_ok_{i}"] + (["kw < KKW"] if check_k else []) + (["U(ih) < H", "U(iw) < W"] if padded else [])
-        copies += [f"ih = ih0_{i} + ih_shift", f"iw = iw0_{i} + iw_shift"]
-        copies += _copy_lines(f"b_write + U({step * i * tile.a_stride})", "b",
-                              f"pix_{i} + (U(ih) * W + U(iw)) * CW + cw", cond)
-        columns += [
-            f"n = n0 + b_row + U({step * i})",
-            f"col_ok_{i} = n < ngemm",
-            "img = n // PQ",
-            "pq = n - img * PQ",
-            "p = pq // Q",
-            "q = pq - p * Q",
-            f"ih0_{i} = I(p * SH) - TOP",
-            f"iw0_{i} = I(q * SW) - LEFT",
-            f"pix_{i} = img * HWCW + g * CGW",
-        ]
-    return copies, columns
-
-
-def _channel_chunks(key, tile: MmaTile, precision: str, check_k: bool):
+def _channel_chunks(key, tile: MmaTile, check_k: bool, copying: bool):
     """Generated fetch, store and setup lines of the channels-last kernel's B (see
     :func:`channels_last_source`): this thread's chunks are chunk ``j4 / 4`` of pixels
-    ``b_row + step * i``, read from the NHWC words at the step's tap."""
+    ``b_row + step * i``, read from the NHWC words at the step's tap, into registers and then
+    the stage, or (``copying``) copied straight to the stage by ``cp.async`` (no store lines)."""
     chunks_per_row = tile.BKW // 4
     step = tile.threads // chunks_per_row
     padded = any(key.padding)
-    check_k_cond = ["kw < KKW"] if check_k else []
     fetch = ["tap = kw // CGW", "cw = kw - tap * CGW", "r = tap // S", "s = tap - r * S",
              "ih_shift = I(r * DH)", "iw_shift = I(s * DW)"]
     store, columns = [], []
     for i in range(tile.BN * chunks_per_row // tile.threads):
-        cond = [f"col_ok_{i}"] + check_k_cond + (["U(ih) < H", "U(iw) < W"] if padded else [])
-        names = [f"b_next_{i}_{j}" for j in range(4)]
-        fetch += [f"ih = ih0_{i} + ih_shift", f"iw = iw0_{i} + iw_shift",
-                  f"if {' and '.join(cond)}:",
-                  f"    {', '.join(names)} = load4(b, pix_{i} + (U(ih) * W + U(iw)) * CW + cw)",
-                  "else:",
-                  f"    {' = '.join(names)} = ZERO32"]
-        store.append(f"store4(b_stage, b_write + U({step * i * tile.a_stride}), {', '.join(names)})")
+        cond = [f"col_ok_{i}"] + (["kw < KKW"] if check_k else []) + (["U(ih) < H", "U(iw) < W"] if padded else [])
+        index = f"pix_{i} + (U(ih) * W + U(iw)) * CW + cw"
+        target = f"b_write + U({step * i * tile.a_stride})"
+        fetch += [f"ih = ih0_{i} + ih_shift", f"iw = iw0_{i} + iw_shift"]
+        if copying:
+            fetch += _copy_lines(target, "b", index, cond)
+        else:
+            names = [f"b_next_{i}_{j}" for j in range(4)]
+            fetch += _chunk_load(names, "b", index, cond)
+            store.append(f"store4(b_stage, {target}, {', '.join(names)})")
         columns += [
             f"n = n0 + b_row + U({step * i})",
             f"col_ok_{i} = n < ngemm",
@@ -758,7 +688,7 @@ def mma_kernel(key, tile: MmaTile, precision: str, layout: str, simulator: bool 
         bias; half values as bits); ``y``: flat output of ``n_images`` images (half values as
         bits). Launch it with :func:`mma_launch_shape`.
     """
-    if not copies_chunks(layout, precision):  # its operands go through registers: two stages
+    if not copies_chunks(layout):  # its operands go through registers: two stages
         tile = tile.with_stages(2)
     if layout in ("channels_last", "pixels"):
         source, constants = channels_last_source(key, tile, precision, simulator, pixels=layout == "pixels")
