@@ -13,6 +13,11 @@ from .isa import cpu_model, host_isa
 from .tables import KNOBS
 
 
+#: :meth:`CpuBackend.identity` per thread count (the model and instruction set are read once per
+#: process anyway): every call's plan is keyed on it.
+_IDENTITIES: dict[int, str] = {}
+
+
 class CpuBackend(Backend):
     """numba kernels on the host; numpy arrays in and out (see :class:`convlib.core.contracts.Backend`)."""
 
@@ -32,7 +37,11 @@ class CpuBackend(Backend):
 
     def identity(self, handle):
         # The thread count is part of the device: a choice measured on 2 threads need not win on 16.
-        return f"cpu|{cpu_model()}|{host_isa()}|{get_num_threads()} threads"
+        threads = get_num_threads()
+        identity = _IDENTITIES.get(threads)
+        if identity is None:
+            identity = _IDENTITIES[threads] = f"cpu|{cpu_model()}|{host_isa()}|{threads} threads"
+        return identity
 
     def prepare(self, arr, dtype, handle):
         # ascontiguousarray copies only when the layout or dtype differs; kernels never write

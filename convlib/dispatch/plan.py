@@ -30,10 +30,9 @@ what runs when a user calls the library is exactly what is measured, and the ste
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -81,6 +80,8 @@ class Plan:
     algorithm: str
     implementation: Any
     reason: str
+    # (workspace cap, selection state) -> pieces: what :meth:`pieces` found for this plan before.
+    _pieces_seen: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def backend(self):
@@ -125,8 +126,16 @@ class Plan:
             return None
         if self.target.name == "cpu":
             # Asking the implementation for its workspace takes longer than a small layer's
-            # kernel (direct weighs its register blocks): once per plan, cap, knobs and threads.
-            return _cpu_pieces(self, cap, selection_state(), self.target.identity)
+            # kernel (direct weighs its register blocks): once per plan (whose signature holds the
+            # thread count), cap and knob state, kept on the plan (hashing the plan took 1-2 us).
+            key = (cap, selection_state())
+            seen = self._pieces_seen.get(key, self._pieces_seen)
+            if seen is self._pieces_seen:
+                if len(self._pieces_seen) >= 8:
+                    self._pieces_seen.clear()
+                seen = self._pieces_seen[key] = splitter(
+                    self.problem, lambda p: self.implementation.workspace_bytes(p, None), cap)
+            return seen
         return splitter(self.problem, lambda p: self.implementation.workspace_bytes(p, self.target.handle), cap)
 
     def _execute_in_pieces(self, pieces, x, w, bias):
@@ -174,13 +183,6 @@ class Plan:
     def describe(self) -> str:
         """One line: algorithm, device and problem (with its operation unless ``conv2d``)."""
         return f"{self.algorithm} on {self.target.name}: {self.problem.describe()}"
-
-
-@functools.lru_cache(maxsize=256)
-def _cpu_pieces(plan: Plan, cap: int, knob_state, identity: str):
-    # knob_state and identity are keys only: the workspace of a CPU implementation follows its
-    # knobs (block sizes) and the thread count (one set of panels per thread).
-    return SPLITTERS[plan.operation](plan.problem, lambda p: plan.implementation.workspace_bytes(p, None), cap)
 
 
 def _human(nbytes: int) -> str:
