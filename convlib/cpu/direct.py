@@ -74,7 +74,7 @@ rounded up to ``KB``, positions to whole blocks) by its measured speed.
 What a new shape costs
 ----------------------
 Kernels are specialised on ``(dtype, KB, QB)`` only, compiled once per machine
-(``cache=True``, a few seconds each; one table of three or four blocks per dtype applies here);
+(``cache=True``, a few seconds each; one table of four or five blocks per dtype applies here);
 N, C, H, W, K, R, S, stride, dilation, padding and groups are runtime values. A new shape costs
 no compilation, only the offset table, the weight packing and the schedule.
 """
