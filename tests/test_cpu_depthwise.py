@@ -176,15 +176,17 @@ def test_padding_terms_of_a_non_finite_weight(bad, case, gather_bytes, rng):
 
 #: The channel-blocked way: every case above, forced (a minimum of one filter), with the band
 #: budget as built and at its minimum (one output row per band), so partial channel blocks, the
-#: multiplier's gathered lanes, padding rows per band and every geometry go through it.
+#: multiplier's gathered lanes, padding rows per band and every geometry go through it; with the
+#: windowed steps of column strides 1 and 2 and without (the general step then serves them too).
+@pytest.mark.parametrize("window", [True, False], ids=["windowed", "general-steps"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("band_bytes", [None, 1], ids=["bands-as-built", "one-row-bands"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_channel_blocks_match_reference(case, band_bytes, dtype, rng):
+def test_channel_blocks_match_reference(case, band_bytes, dtype, window, rng):
     problem = problem_for(case, dtype)
     x, w, b = random_arrays(rng, problem)
     copies = x.copy(), w.copy(), b.copy()
-    knobs = {"depthwise_channel_block_min_filters": 1}
+    knobs = {"depthwise_channel_block_min_filters": 1, "depthwise_channel_block_window": window}
     if band_bytes is not None:
         knobs["depthwise_channel_block_bytes"] = band_bytes
     with KNOBS.override(**knobs):

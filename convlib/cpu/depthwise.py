@@ -13,8 +13,9 @@ geometry (:func:`uses_whole_planes`, :func:`uses_gathered_planes`, else bands):
 *Channel blocks* (``K >= depthwise_channel_block_min_filters``: the depthwise layers of networks,
 any geometry): a vector holds 64 bytes of channels of one position, not positions of one channel.
 A band's input rows are transposed into a zero-padded buffer of channel vectors, every output
-position is ``R*S`` vector FMAs, and the outputs are transposed back
-(:func:`channel_block_kernel`). MobileNet's 7x7 to 28x28 planes leave the planar ways below rows
+position is ``R*S`` vector FMAs (at column strides 1 and 2, a few positions at a time from a
+window of each filter row's input vectors loaded once: :func:`_window_step`), and the outputs are
+transposed back (:func:`channel_block_kernel`). MobileNet's 7x7 to 28x28 planes leave the planar ways below rows
 too short to vectorise along, and their strided planes a de-interleave per plane; here neither
 matters.
 
@@ -642,17 +643,43 @@ def channel_block_geometry(problem: ConvProblem) -> tuple[int, int, int]:
     return rows, (rows - 1) * sh + (problem.R - 1) * dh + 1, Wb
 
 
+def _window_step(R: int, S: int, ways: int, L: int, column_stride: int = 1):
+    """One step of the channel-blocked kernel at column stride ``column_stride`` (1 or 2) and no
+    column dilation: ``acc[v] += sum_{r,s} wt[r*S + s] * buf[at + r*filter_row + (v*column_stride
+    + s)*L]`` for the ``ways`` positions ``v``. Each filter row's ``(ways - 1) * column_stride +
+    S`` input vectors are loaded once into ``win`` (which the compiler keeps in registers) and feed
+    every position and tap that reads them: 18 loads for 36 FMAs at stride 1 (3x3, 4 ways), 27
+    at stride 2, where the general step loaded each FMA's input and reloaded the taps' offsets
+    from the stack (63 loads). MobileNetV2's depthwise layers at batch 8 took 0.61-0.84x the time
+    at stride 1 and 0.88-0.98x at stride 2 (Zen 5, AVX-512; 0.85-0.90x and 0.94-0.96x in AVX2)."""
+    span = (ways - 1) * column_stride + S
+
+    @njit(inline="always")
+    def window_step(acc, wt, buf, at, filter_row, win):
+        for r in range(R):
+            first = at + uintp(r) * filter_row
+            for j in range(span):
+                vector_copy(win, j * L, buf, first + uintp(j * L), L)
+            for s in range(S):
+                for v in range(ways):
+                    vector_fma_lanes(acc, v * L, wt, (r * S + s) * L, win, (v * column_stride + s) * L, L)
+
+    return window_step
+
+
 @functools.lru_cache(maxsize=None)
 def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
     """The channel-blocked kernel for ``R x S`` filters of ``dtype`` (any stride, padding, dilation,
     multiplier), computing ``ways`` output positions per step::
 
-        kernel(x, w, bias, stride_h, stride_w, top, left, dil_h, dil_w, rows, in_rows, Wb, threads, y)
+        kernel(x, w, bias, stride_h, stride_w, top, left, dil_h, dil_w, rows, in_rows, Wb, windowed, threads, y)
 
     x : (N, C, H, W)     IN
     w : (K, 1, R, S)     IN
     bias : (K,)          IN  zeros when the call has no bias
     rows, in_rows, Wb    IN  the band geometry (:func:`channel_block_geometry`)
+    windowed             IN  steps at column strides 1 and 2 load each filter row's inputs once
+                             (:func:`_window_step`)
     y : (N, K, P, Q)     OUT every element written
 
     Work items are (image, block of ``L`` output channels, band of output rows). A band's input
@@ -671,10 +698,13 @@ def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
     block = L * L
     weights = taps * L
     accumulators = ways * L
+    window_step_1 = _window_step(R, S, ways, L, 1)
+    window_step_2 = _window_step(R, S, ways, L, 2)
+    window = (2 * (ways - 1) + S) * L  # the step's input vectors of one filter row
 
     @njit(parallel=True, cache=True, fastmath={"contract"})
     def depthwise_channel_blocks(x, w, bias, stride_h, stride_w, top, left, dil_h, dil_w, rows, in_rows, Wb,
-                                 threads, y):
+                                 windowed, threads, y):
         N, C, H, W = x.shape
         K = w.shape[0]
         P, Q = y.shape[2], y.shape[3]
@@ -686,6 +716,9 @@ def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
         parts = max(1, min(items, 4 * threads))
         xf, yf = x.reshape(-1), y.reshape(-1)
         step = uintp(stride_w * L)
+        filter_row = uintp(dil_h * Wb * L)  # from one filter row's inputs to the next in the buffer
+        windowed_1 = windowed and stride_w == 1 and dil_w == 1  # steps by window_step_1
+        windowed_2 = windowed and stride_w == 2 and dil_w == 1  # ... by window_step_2
         # Each block's weights, tap-major (a vector of L channels per tap), then its biases: read as
         # whole vectors per item. Lanes past the last filter repeat it (computed, then dropped).
         blocks = np.empty(kblocks * (taps + 1) * L, w.dtype)
@@ -702,6 +735,7 @@ def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
             wt = stack_array_1d(weights, scalar)
             bl = stack_array_1d(L, scalar)
             acc = stack_array_1d(accumulators, scalar)
+            win = stack_array_1d(window, scalar)
             tmp = stack_array_1d(block, scalar)
             toff = stack_array_1d(taps, np.uintp)
             for t in range(taps):
@@ -757,6 +791,21 @@ def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
                     row = uintp(p * stride_h * Wb * L)
                     o_row = uintp(p * Q * L)
                     q = 0
+                    # A loop per kind of step: the stride test stays out of the loops of FMAs.
+                    while windowed_1 and q + ways <= Q:
+                        for v in range(ways):
+                            vector_copy(acc, v * L, bl, 0, L)
+                        window_step_1(acc, wt, buf, row + uintp(q * L), filter_row, win)
+                        for v in range(ways):
+                            vector_copy(out, o_row + uintp((q + v) * L), acc, v * L, L)
+                        q += ways
+                    while windowed_2 and q + ways <= Q:
+                        for v in range(ways):
+                            vector_copy(acc, v * L, bl, 0, L)
+                        window_step_2(acc, wt, buf, row + uintp(q) * step, filter_row, win)
+                        for v in range(ways):
+                            vector_copy(out, o_row + uintp((q + v) * L), acc, v * L, L)
+                        q += ways
                     while q + ways <= Q:
                         at = row + uintp(q) * step
                         for v in range(ways):
@@ -802,7 +851,8 @@ def run(problem: ConvProblem, x, w, bias, device=None):
         rows, in_rows, Wb = channel_block_geometry(problem)
         channel_block_kernel(problem.R, problem.S, problem.dtype, KNOBS.depthwise_channel_block_ways)(
             x, w, bias_or_zeros, problem.stride[0], problem.stride[1], problem.pad_top, problem.pad_left,
-            problem.dilation[0], problem.dilation[1], rows, in_rows, Wb, get_num_threads(), y)
+            problem.dilation[0], problem.dilation[1], rows, in_rows, Wb, KNOBS.depthwise_channel_block_window,
+            get_num_threads(), y)
         return y
     if uses_whole_planes(problem):
         before, after = _plane_margins(problem)
