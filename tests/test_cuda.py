@@ -538,6 +538,99 @@ def test_tensor_cores_copy_pipeline_matches_reference(precision, case, tile, poi
         assert err <= TOLERANCE[dtype], f"blis {precision} {tile} {problem.describe()}: relative error {err:.3e}"
 
 
+#: Split-K forced through the knobs: a count imposed (``mma_split``), or the rule pushed to split
+#: (an aim of more blocks than the tiny problems have, one step a part at least).
+SPLIT_KNOBS = {
+    "3-parts": dict(mma_split=3),
+    "rule": dict(mma_split_blocks_per_sm=10**6, mma_split_min_steps=1, mma_split_max=4, mma_split_min_gain=0),
+}
+
+
+#: Split-K's problems: channels-last reductions of 7 steps in half precision and 14 in TF32
+#: (neither divides among 3 or 4 parts), with bias, groups, stride, padding and dilation, or
+#: without bias and with a partial tile of filters.
+SPLIT_CASES = {
+    "groups-bias": ConvProblem(2, 48, 6, 5, 20, 3, 3, (2, 1), (1, 0, 2, 1), (1, 2), 2, has_bias=True),
+    "odd-K-no-bias": tensor_problem("tc-long-reduction-odd-K", "float32"),
+}
+
+
+@needs_cuda
+@pytest.mark.parametrize("split", list(SPLIT_KNOBS))
+@pytest.mark.parametrize("tile", ["2-stages", "3-stages"])
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+@pytest.mark.parametrize("precision", ["tf32", "float16", "bfloat16"])
+def test_tensor_cores_split_k_matches_reference(precision, case, tile, split, poisoned_outputs):
+    """Split-K of the channels-last kernel: parts of the reduction (step counts that do not
+    divide evenly among them: 7 steps in half precision, 14 in TF32, over 3 or 4 parts; with and
+    without bias, groups) written as float32 partial outputs to a NaN-poisoned workspace, then
+    summed in order, biased and rounded once into a NaN-poisoned output: the accuracy of
+    test_tensor_cores_match_reference, and the workspace counted."""
+    from convlib.cuda import blis
+    from convlib.cuda.gemm import shape_key
+    from convlib.cuda.tables import KNOBS
+    from convlib.cuda.tensor_gemm import channels_last_source, operand_layout
+    from convlib.cuda.tiles import choose_mma_split, reduction_steps
+
+    dtype = "float32" if precision == "tf32" else precision
+    if dtype == "bfloat16" and host_bfloat16() is None:
+        pytest.skip("bfloat16 host arrays need ml_dtypes")
+    problem = replace(SPLIT_CASES[case], dtype=dtype)
+    assert operand_layout(problem, precision) == "channels_last"
+    mma_tile = COPY_TILES["3-stages"] if tile == "3-stages" else KNOBS.simulator_mma_tiles[0]
+    x, w, b = random_inputs(problem, seed=31)
+    with KNOBS.override(mma_tile=mma_tile, **SPLIT_KNOBS[split]):
+        splits = choose_mma_split(problem, mma_tile, precision, 1)
+        steps = reduction_steps(problem, mma_tile, precision)
+        assert splits == (3 if split == "3-parts" else 4) and steps % splits, (splits, steps)
+        source, _ = channels_last_source(shape_key(problem), mma_tile, precision, STATE != "gpu", splits=splits)
+        assert "kt_first" in source and "part_base" in source
+        with convlib.option_context(allow_tf32=precision == "tf32"):
+            copies = problem.itemsize * (x.size + w.size)
+            assert blis.workspace_bytes(problem) == copies + 4 * splits * int(np.prod(problem.y_shape))
+        y = tensor_call(problem, x, w, b, device="cuda", allow_tf32=precision == "tf32")
+    assert y.dtype == x.dtype and y.shape == problem.y_shape
+    err = relative_error(y, conv2d_reference_for(problem, x, w, b))
+    if precision == "tf32":
+        assert TF32_RANGE[0] < err < TF32_RANGE[1], f"TF32 error {err:.2e} outside {TF32_RANGE}"
+    else:
+        assert err <= TOLERANCE[dtype], f"blis {precision} split {split} {problem.describe()}: relative error {err:.3e}"
+
+
+def test_split_k_rule():
+    """Split-K's rule on an H200's 132 SMs (two 128 x 128 blocks an SM: 264 slots a wave):
+    ResNet-50's stage-5 7x7 3x3 layers take 128 x 128 tiles cut in 4 parts (784 blocks: three
+    full waves) rather than smaller whole tiles; 2 or 3 parts (no fuller waves), grids of a
+    wave or more, parts of too few steps and mma_split_max=1 stay whole, and so does the
+    source of a whole kernel (no part in it)."""
+    from convlib.cuda.gemm import shape_key
+    from convlib.cuda.tables import KNOBS
+    from convlib.cuda.tensor_gemm import channels_last_source
+    from convlib.cuda.tiles import choose_mma_split, choose_mma_tile
+
+    big = MmaTile(BM=128, BN=128, BKW=16, WM=64, WN=64)
+    s5 = ConvProblem(128, 512, 7, 7, 512, 3, 3, padding=(1, 1, 1, 1), dtype="float16")  # 196 blocks, 144 steps
+    assert choose_mma_tile(s5, "float16", 132, copies=True, splits=True) == big
+    assert choose_mma_split(s5, big, "float16", 132) == 4
+    for knobs in (dict(mma_split_max=1), dict(mma_split_max=3), dict(mma_split_min_steps=100),
+                  dict(mma_split_min_gain=0.5)):
+        with KNOBS.override(**knobs):
+            assert choose_mma_split(s5, big, "float16", 132) == 1, knobs
+    with KNOBS.override(mma_split_max=1):
+        assert choose_mma_tile(s5, "float16", 132, copies=True, splits=False).BM == 64
+    s4 = ConvProblem(128, 256, 14, 14, 256, 3, 3, padding=(1, 1, 1, 1), dtype="float16")
+    assert choose_mma_split(s4, big, "float16", 132) == 1  # 392 blocks whole
+    # 64 steps in float16: parts of 32 steps at most two, which fill no more: the tile stays
+    # the smaller one; 128 in TF32: four parts
+    deep_1x1 = ConvProblem(128, 2048, 7, 7, 512, 1, 1, dtype="float16")
+    assert choose_mma_split(deep_1x1, big, "float16", 132) == 1
+    assert (choose_mma_tile(deep_1x1, "float16", 132, copies=True, splits=True)
+            == choose_mma_tile(deep_1x1, "float16", 132, copies=True))
+    assert choose_mma_split(replace(deep_1x1, dtype="float32"), big, "tf32", 132) == 4
+    source, _ = channels_last_source(shape_key(s4), big, "float16", simulator=True)
+    assert "SPLITS" not in source and "part" not in source
+
+
 def test_in_place_kernel_rejects_a_tile_whose_pixel_units_do_not_divide():
     """A tile valid for the other kernels but whose units of B pixels leave threads without a
     whole share would leave part of B unloaded: generating it is an error, not a wrong product."""

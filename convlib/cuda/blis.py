@@ -26,10 +26,11 @@ import numpy as np
 
 from ..core.options import options
 from .tables import KNOBS
-from .tiles import choose_gemm_tile, choose_mma_tile
+from .tiles import choose_gemm_tile, choose_mma_split, choose_mma_tile, most_mma_parts
 from .gemm import IMAGE, gemm_kernel, gemm_launch_shape, shape_key
 from .launch import MAX_GRID_Y, flat, placeholder_bias
-from .tensor_gemm import copies_chunks, layout_kernels, mma_kernel, mma_launch_shape, operand_layout, precision_of
+from .tensor_gemm import (copies_chunks, layout_kernels, mma_kernel, mma_launch_shape, operand_layout, precision_of,
+                          split_sum_kernel, split_sum_launch_shape, split_workspace_elements)
 
 #: float16 and bfloat16 problems are computed by this module's own kernels (tensor cores), not
 #: through float32 copies (:meth:`convlib.cuda.backend.CudaBackend.widened`).
@@ -46,23 +47,40 @@ def supports(problem) -> str | None:
 def workspace_bytes(problem, device=None) -> int:
     """None on FMAs: tiles of B are gathered from the image into shared memory. On tensor cores,
     the channels-last copies of the image and the filters where that kernel serves the problem
-    (:func:`convlib.cuda.tensor_gemm.operand_layout`)."""
+    (:func:`convlib.cuda.tensor_gemm.operand_layout`), plus split-K's float32 partial outputs
+    where the launch splits its reduction (``splits`` outputs of the problem's size; without a
+    ``device`` to plan on, the most parts any number of SMs could take:
+    :func:`~convlib.cuda.tiles.most_mma_parts`)."""
     precision = precision_of(problem.dtype, options.allow_tf32)
     if precision is None or operand_layout(problem, precision) != "channels_last":
         return 0
-    return problem.itemsize * (problem.N * problem.C * problem.H * problem.W + problem.K * problem.gemm_k)
+    copies = problem.itemsize * (problem.N * problem.C * problem.H * problem.W + problem.K * problem.gemm_k)
+    if problem.N == 0:
+        return copies
+    if device is not None:
+        splits = _mma_choice(problem, precision, device.multiprocessors, device.simulator, KNOBS.state())[2]
+    else:  # every SM count: the largest split of any tile the chooser may take
+        tiles = (*KNOBS.lookup("mma_tiles", precision), *KNOBS.simulator_mma_tiles,
+                 *((KNOBS.mma_tile,) if KNOBS.mma_tile is not None else ()))
+        splits = max(most_mma_parts(problem, tile, precision) for tile in tiles)
+    return copies + 4 * split_workspace_elements(problem, splits)
 
 
 class _Launch(NamedTuple):
     """What a call launches: the GEMM kernel and its shape, how its operands come (None: the
     FP32 FMA kernel; else :func:`~convlib.cuda.tensor_gemm.operand_layout`'s answer) and, for
-    ``"channels_last"``, the kernels that copy them so."""
+    ``"channels_last"``, the kernels that copy them so; split-K's parts (1: none) and, split,
+    the kernel that sums them with its grid and block."""
 
     kernel: object
     grid: tuple
     block: int
     operands: str | None
     layout_kernels: tuple | None
+    splits: int = 1
+    split_sum: object = None
+    sum_grid: int = 0
+    sum_block: int = 0
 
 
 def run(problem, x, w, bias, device):
@@ -87,7 +105,12 @@ def run(problem, x, w, bias, device):
                 operands = _channels_last_operands(problem, precision, launch.layout_kernels, _bits(x), _bits(w), target)
             else:
                 operands = _bits(x), _bits(w)
-        launch.kernel[launch.grid, launch.block, target.stream](*operands, b, y_flat, problem.N)
+        if launch.splits > 1:  # float32 partial outputs, summed in order, bias added, rounded once
+            parts = target.empty((split_workspace_elements(problem, launch.splits),), "float32")
+            launch.kernel[launch.grid, launch.block, target.stream](*operands, b, parts, problem.N)
+            launch.split_sum[launch.sum_grid, launch.sum_block, target.stream](parts, b, y_flat, problem.N)
+        else:
+            launch.kernel[launch.grid, launch.block, target.stream](*operands, b, y_flat, problem.N)
     return y
 
 
@@ -122,8 +145,25 @@ def _plan(problem, precision, multiprocessors: int, simulator: bool, knobs: tupl
         tile = choose_gemm_tile(problem, multiprocessors, simulator)
         kernel = gemm_kernel(key, tile, IMAGE, simulator, KNOBS.tap_table_bytes)
         return _Launch(kernel, *gemm_launch_shape(problem, tile, problem.N), None, None)
+    operands, tile, splits = _mma_choice(problem, precision, multiprocessors, simulator, knobs)
+    channels_last = operands == "channels_last"
+    kernel = mma_kernel(key, tile, precision, operands, simulator, KNOBS.tap_table_bytes, splits)
+    layout = layout_kernels(key, precision, simulator) if channels_last else None
+    launch = _Launch(kernel, *mma_launch_shape(problem, tile, problem.N, splits), operands, layout)
+    if splits == 1:
+        return launch
+    sum_grid, sum_block = split_sum_launch_shape(problem, problem.N, simulator)
+    return launch._replace(splits=splits, split_sum=split_sum_kernel(key, precision, splits, simulator),
+                           sum_grid=sum_grid, sum_block=sum_block)
+
+
+@functools.lru_cache(maxsize=256)
+def _mma_choice(problem, precision, multiprocessors: int, simulator: bool, knobs: tuple) -> tuple:
+    """How ``problem`` runs on tensor cores: its operand layout, tile and split-K parts (split
+    only in the channels-last kernel); cached on the knob overrides in force, ``knobs``."""
     operands = operand_layout(problem, precision)
-    tile = choose_mma_tile(problem, precision, multiprocessors, simulator, copies_chunks(operands))
-    kernel = mma_kernel(key, tile, precision, operands, simulator, KNOBS.tap_table_bytes)
-    layout = layout_kernels(key, precision, simulator) if operands == "channels_last" else None
-    return _Launch(kernel, *mma_launch_shape(problem, tile, problem.N), operands, layout)
+    channels_last = operands == "channels_last"
+    tile = choose_mma_tile(problem, precision, multiprocessors, simulator, copies_chunks(operands),
+                           splits=channels_last and KNOBS.mma_split_max > 1)
+    splits = choose_mma_split(problem, tile, precision, multiprocessors) if channels_last else 1
+    return operands, tile, splits

@@ -269,6 +269,20 @@ KNOBS = KnobTable("cuda", [
          "None: chosen per problem"),
     Knob("simulator_mma_tiles", (MmaTile(BM=32, BN=32, BKW=16, WM=16, WN=32),), "tensor-core tiles under the "
          "simulator: two warps, several blocks and steps on tiny problems"),
+    # Split-K of the channels-last tensor-core kernel (convlib.cuda.tiles.choose_mma_split;
+    # docs/gpu.md, "Split-K": H200, batch 128, ResNet-50's stage-5 7x7 layers).
+    Knob("mma_split_max", 4, "the most parts split-K cuts the channels-last tensor-core kernel's reduction into "
+         "(contiguous runs of whole steps, summed in order by a second kernel); 1 turns split-K off. 4 parts of "
+         "128 x 128 tiles ran the 7x7 3x3 layers 0-3% (float16) and 10% (TF32) faster than whole 128 x 128 tiles"),
+    Knob("mma_split_min_steps", 32, "the fewest reduction steps (BKW words each) split-K leaves one part: 4 parts "
+         "of 16 steps ran the float16 1x1 2048>512 layer 11% slower than whole, of 36 steps (3x3) no slower"),
+    Knob("mma_split_blocks_per_sm", 2, "the blocks an SM runs at once in split-K's rule (a wave is this many "
+         "times the SMs): two of the 128 x 128 tile (243 registers a thread); grids of a wave or more stay whole"),
+    Knob("mma_split_min_gain", 0.1, "how much more of its waves' slots a split grid must fill than the whole "
+         "one (a share, 0 to 1) before split-K is worth its partial sums: 196 blocks of 264 slots fill 0.74, "
+         "cut in 4 parts 0.99"),
+    Knob("mma_split", None, "a split count every channels-last tensor-core launch uses instead of the rule's "
+         "(clamped to the steps and grid; sweeps and tests); None: the rule"),
     Knob("direct_tiles", _DIRECT_TILES, "the direct tile, shrunk per problem until its shared memory fits",
          keyed_by=("dtype",)),
     Knob("gemm_tile", None, "a GemmTile every GEMM launch uses instead of the chosen one (tile sweeps); "

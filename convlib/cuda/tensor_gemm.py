@@ -18,6 +18,20 @@ layout):
   memory and issues every product.
 * The epilogue adds the bias in float32, stages each warp's tile 16 rows at a time in shared
   memory and stores rows of 32 pixels, rounded once to the output dtype.
+* Split-K (channels-last kernel only; :func:`convlib.cuda.tiles.choose_mma_split` decides, the
+  ``mma_split*`` knobs of :data:`~convlib.cuda.tables.KNOBS` steer it): where a tile's grid
+  fills too little of one wave of blocks, ``splits`` blocks along grid ``z`` (part ``z %
+  splits`` of group ``z // splits``) each run a contiguous run of whole steps (part ``p``
+  starts at step ``p * K_TILES // splits``) and the epilogue stores their float32 sums as they
+  are, without bias, to a float32 workspace of ``splits`` outputs laid out as ``y``
+  (``blis.workspace_bytes`` counts it). :func:`split_sum_kernel` then adds the parts in order
+  (part 0 first: the same result every run), adds the bias in float32 and rounds once, as the
+  unsplit epilogue does. With ``splits == 1`` the source is the unsplit kernel's, unchanged.
+  On an H200 at batch 128 the rule cuts ResNet-50's stage-5 7x7 3x3 layers (196 blocks of
+  128 x 128 for 264 slots) into 4 parts (784 blocks, three full waves): float16 3x3 0.189 ->
+  0.155 ms, 3x3/2 0.206 -> 0.185 (against 64 x 128 whole tiles before; whole 128 x 128 tiles
+  gave 0.155 and 0.192), TF32 0.374 -> 0.259 and 0.403 -> 0.317 (whole 128 x 128: 0.286,
+  0.351); 2 or 3 parts were slower than whole tiles (``docs/gpu.md``).
 
 How the operands are read (:func:`operand_layout`) is the difference between three kernels:
 
@@ -175,7 +189,7 @@ def contiguous_pixels_eligible(problem, precision: str) -> bool:
 
 
 def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = False,
-                         pixels: bool = False) -> tuple[str, dict]:
+                         pixels: bool = False, splits: int = 1) -> tuple[str, dict]:
     """The chunked kernels' source and constants: channels-last, or (``pixels``) in place for
     the problems of :func:`contiguous_pixels_eligible`.
 
@@ -192,7 +206,14 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
     in half precision) of 8 (4 for TF32) consecutive pixels of one image: two 16-byte loads whose
     halves interleave into 8 words (one load of 4 words rounded for TF32), staged ``[k word][n]``
     like the NCHW kernel's.
+
+    Split-K (``splits`` > 1, channels-last only): block ``z`` of the grid is part ``z % splits``
+    of group ``z // splits``; the part runs its own contiguous run of whole steps and stores its
+    float32 sums, without bias, to ``y`` (then a float32 workspace of ``splits`` outputs, one per
+    part, each laid out as ``y``), for :func:`split_sum_kernel` to add up.
     """
+    if splits > 1 and pixels:
+        raise ValueError("split-K serves the channels-last kernel only")
     epw = ELEMENTS_PER_WORD[precision]
     BM, BN, BKW = tile.BM, tile.BN, tile.BKW
     AS = tile.a_stride
@@ -229,7 +250,7 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
     fetch += fetch_b
     store += store_b
     multiply = _products(tile, precision, simulator, a_ldmatrix=True, b_mode="words" if pixels else "ldmatrix")
-    epilogue = _epilogue(key, tile, precision, check_m, simulator)
+    epilogue = _epilogue(key, tile, precision, check_m, simulator, partial=splits > 1)
     # B's fragments: ldmatrix rows of pixels (channels-last), or words read [k word][n] (pixels)
     b_fragments = ("b_read = B_BASE + stage * B_STAGE + lt * B_STRIDE + warp_n + lg" if pixels else
                    "b_matrix_rows = (B_BASE + stage * B_STAGE + (warp_n + (lane & U(7)) + (lane >> U(4)) * U(8))"
@@ -257,7 +278,8 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
                 if pixels else "IN b: the image as NHWC words (N*H*W*C/EPW); IN w: filters as (K, R, S, C/groups) words")
     b_stage = (f"{tile.stages} stages x BKW rows x B_STRIDE words of B" if pixels
                else f"{tile.stages} stages x BN pixels x A_STRIDE words of B")
-    source = _assemble(tile, simulator, operands, b_stage, setup, fetch, store, fragments, multiply, epilogue)
+    source = _assemble(tile, simulator, operands, b_stage, setup, fetch, store, fragments, multiply, epilogue,
+                       splits=splits)
     constants = unsigned_constants(
         BM=BM, BN=BN, STEP=BKW, BKW=BKW, WM=tile.WM, WN=tile.WN, WARPS_N=BN // tile.WN, M=M, KKW=KKW, CGW=CGW,
         CW=key.C // epw, HWCW=key.H * key.W * key.C // epw, CPR=CPR, PQ=key.P * key.Q,
@@ -270,6 +292,8 @@ def channels_last_source(key, tile: MmaTile, precision: str, simulator: bool = F
     constants.update(image_constants(key))
     constants.update(_word_constants(simulator, precision))
     constants.update(SHARED_WORDS=tile.shared_words, B_BASE=np.uint64(tile.stages * BM * AS), SIXTEEN=np.uint32(16))
+    if splits > 1:
+        constants.update(SPLITS=np.uint64(splits))
     return source, constants
 
 
@@ -385,12 +409,15 @@ def _pixel_units(key, tile: MmaTile, precision: str, check_k: bool):
 
 
 def _assemble(tile: MmaTile, simulator: bool, operands: str, b_stage: str, setup, fetch, store, fragments,
-              multiply, epilogue, tap: bool = False) -> str:
+              multiply, epilogue, tap: bool = False, splits: int = 1) -> str:
     """The kernel every tensor-core source shares, around its generated parts: ``setup`` (this
     thread's share of the steps), ``fetch`` (the next step into registers, from ``k0``; a step
     is ``STEP`` taps or words), ``store`` (registers to the stage ``a_write`` / ``b_write``),
     ``fragments`` (the stage's fragment addresses), ``multiply`` and ``epilogue``. With more
-    than two stages ``fetch`` holds the step's ``cp.async`` copies and ``store`` nothing."""
+    than two stages ``fetch`` holds the step's ``cp.async`` copies and ``store`` nothing. With
+    ``splits`` > 1 (split-K) block ``z`` is part ``z % SPLITS`` of group ``z // SPLITS`` and runs
+    steps ``kt_first..`` (``steps`` of them: part ``p`` of ``SPLITS`` starts at step
+    ``p * K_TILES // SPLITS``)."""
     MT, NT = tile.WM // 16, tile.WN // 8
     align = "" if simulator else ", alignment=16"
     exchange = []
@@ -398,8 +425,17 @@ def _assemble(tile: MmaTile, simulator: bool, operands: str, b_stage: str, setup
         exchange = [f"words = cuda.shared.array({tile.warps * 32 * FRAGMENT_WORDS}, uint32)",
                     f"warp_words = warp * U({32 * FRAGMENT_WORDS})",
                     f"lane_words = warp_words + lane * U({FRAGMENT_WORDS})"]
-    loop = (_copy_pipeline(tile.stages, fetch, fragments, multiply) if tile.stages > 2
-            else _register_pipeline(fetch, store, fragments, multiply))
+    split = splits > 1
+    loop = (_copy_pipeline(tile.stages, fetch, fragments, multiply, split) if tile.stages > 2
+            else _register_pipeline(fetch, store, fragments, multiply, split))
+    group = "g = U(cuda.blockIdx.z)"
+    if split:
+        group = "\n    ".join([
+            "part = U(cuda.blockIdx.z) % SPLITS",
+            "g = U(cuda.blockIdx.z) // SPLITS",
+            "# this part's steps: a contiguous run of whole steps",
+            "kt_first = part * K_TILES // SPLITS",
+            "steps = (part + ONE) * K_TILES // SPLITS - kt_first"])
     tap_line = "    tap = cuda.const.array_like(TAP)   # (c*H*W + r*dh*W + s*dw, r*dh << 16 | s*dw) per k" if tap else ""
     return f'''
 def mma_gemm(b, w, bias, y, n_images):
@@ -411,7 +447,7 @@ def mma_gemm(b, w, bias, y, n_images):
     tid = U(cuda.threadIdx.x)
     n0 = U(cuda.blockIdx.x) * BN
     m0 = U(cuda.blockIdx.y) * BM
-    g = U(cuda.blockIdx.z)
+    {group}
     ngemm = U(n_images) * PQ
     M_LEFT = M - m0
     lane = tid % U(32)
@@ -431,20 +467,22 @@ def mma_gemm(b, w, bias, y, n_images):
 '''
 
 
-def _register_pipeline(fetch, store, fragments, multiply) -> list[str]:
+def _register_pipeline(fetch, store, fragments, multiply, split: bool = False) -> list[str]:
     """The main loop of two stages: the next step fetched into registers during the products
-    and stored into the other stage after them; one barrier a step."""
+    and stored into the other stage after them; one barrier a step. ``split``: over the steps
+    ``kt_first..`` (``steps`` of them) instead of all ``K_TILES``."""
+    count, first = ("steps", "kt_first + ") if split else ("K_TILES", "")
     return [
-        "k0 = U(0)",
+        "k0 = kt_first * STEP" if split else "k0 = U(0)",
         *fetch,
         "a_write = a_store",
         "b_write = b_store",
         *store,
         "cuda.syncthreads()",
-        "for kt in range(K_TILES):",
-        "    has_next = kt + ONE < K_TILES",
+        f"for kt in range({count}):",
+        f"    has_next = kt + ONE < {count}",
         "    if has_next:",
-        "        k0 = (kt + ONE) * STEP",
+        f"        k0 = ({first}kt + ONE) * STEP",
         *("        " + line for line in fetch),
         "    stage = kt & ONE",
         *("    " + line for line in fragments),
@@ -457,30 +495,32 @@ def _register_pipeline(fetch, store, fragments, multiply) -> list[str]:
     ]
 
 
-def _copy_pipeline(stages: int, copies, fragments, multiply) -> list[str]:
+def _copy_pipeline(stages: int, copies, fragments, multiply, split: bool = False) -> list[str]:
     """The main loop of ``stages`` stages: ``copies`` (issued from ``k0`` into ``a_write`` /
     ``b_write``) run ``stages - 1`` steps ahead as one ``cp.async`` group per step. Step ``kt``
     waits for its own group (at most ``stages - 2`` younger ones still in flight), and the
     barrier after the wait both publishes every thread's copies and tells that step ``kt - 1``'s
     stage, which the copies of step ``kt + stages - 1`` overwrite, has been read. One barrier a
-    step, as with two stages; the last one before the epilogue reuses the stages."""
+    step, as with two stages; the last one before the epilogue reuses the stages. ``split``:
+    over the steps ``kt_first..`` (``steps`` of them) instead of all ``K_TILES``."""
+    count, first = ("steps", "kt_first + ") if split else ("K_TILES", "")
     lines = []
     for s in range(stages - 1):
         lines += [
-            f"if U({s}) < K_TILES:",
-            f"    k0 = U({s}) * STEP",
+            f"if U({s}) < {count}:",
+            f"    k0 = ({first}U({s})) * STEP" if split else f"    k0 = U({s}) * STEP",
             f"    a_write = U({s}) * A_STAGE + a_store",
             f"    b_write = U({s}) * B_STAGE + b_store",
             *("    " + line for line in copies),
             "copy_commit()",
         ]
     return lines + [
-        "for kt in range(K_TILES):",
+        f"for kt in range({count}):",
         f"    copy_wait_{stages - 2}()",
         "    cuda.syncthreads()",
         "    ahead = kt + AHEAD",
-        "    if ahead < K_TILES:",
-        "        k0 = ahead * STEP",
+        f"    if ahead < {count}:",
+        f"        k0 = ({first}ahead) * STEP" if split else "        k0 = ahead * STEP",
         "        slot = ahead % STAGES",
         "        a_write = slot * A_STAGE + a_store",
         "        b_write = slot * B_STAGE + b_store",
@@ -612,7 +652,7 @@ def _products(tile: MmaTile, precision: str, simulator: bool, a_ldmatrix: bool, 
     return lines
 
 
-def _epilogue(key, tile: MmaTile, precision: str, check_m: bool, simulator: bool) -> list[str]:
+def _epilogue(key, tile: MmaTile, precision: str, check_m: bool, simulator: bool, partial: bool = False) -> list[str]:
     """Generated lines adding the bias to each lane's accumulators and storing them, rounded to
     the output dtype, in NCHW.
 
@@ -620,10 +660,15 @@ def _epilogue(key, tile: MmaTile, precision: str, check_m: bool, simulator: bool
     product): stored as they are, a warp's store would write 8 rows x 4 pairs of 2-byte values.
     So each warp stages 16 rows of its tile at a time in shared memory (the operand stages are
     free by then) and writes them back row by row, each lane on a column: 32 consecutive pixels
-    per store. Expects ``m_row`` and ``bias_row`` (this lane's first row)."""
+    per store. Expects ``m_row`` and ``bias_row`` (this lane's first row).
+
+    ``partial`` (split-K): the float32 sums as they are (no bias, no rounding) to part ``part``'s
+    output of the float32 workspace ``y`` (``SPLITS`` outputs of ``n_images`` images)."""
     MT, NT = tile.WM // 16, tile.WN // 8
     OS = tile.output_stride
-    if precision == "float16":
+    if partial:
+        bias_value, staged, result = None, "float_bits({})", "bits_value({})"
+    elif precision == "float16":
         bias_value, staged, result = "float16_value(bias[{}])", "U32(float16_bits({}))", "{}"
     elif precision == "bfloat16":
         bias_value, staged, result = "bits_value(U32(bias[{}]) << U32(16))", "U32(bfloat16_bits({}))", "{}"
@@ -635,14 +680,16 @@ def _epilogue(key, tile: MmaTile, precision: str, check_m: bool, simulator: bool
         f"lane_slot = slice_base + lg * U({OS}) + lt * U(2)",
         "out_rows = g * M + m0 + warp_m",
     ]
+    if partial:
+        lines.append("part_base = part * U(n_images) * KPQ")
     for c in range(tile.WN // 32):
         lines += [
             f"n = n0 + warp_n + lane + U({32 * c})",
             f"col_ok_{c} = n < ngemm",
             "img = n // PQ",
-            f"out_col_{c} = img * KPQ + (n - img * PQ)",
+            f"out_col_{c} = " + ("part_base + " if partial else "") + "img * KPQ + (n - img * PQ)",
         ]
-    for mi in range(MT):
+    for mi in range(MT if not partial else 0):
         for h in range(2):
             row = 16 * mi + 8 * h
             guard = f"m_row + U({row}) < M_LEFT" if check_m else "True"
@@ -654,7 +701,7 @@ def _epilogue(key, tile: MmaTile, precision: str, check_m: bool, simulator: bool
         for nj in range(NT):
             for r in range(4):
                 offset = (8 * (r >> 1)) * OS + 8 * nj + (r & 1)
-                value = staged.format(f"acc_{mi}_{nj}_{r} + bias_{mi}_{r >> 1}")
+                value = staged.format(f"acc_{mi}_{nj}_{r}" if partial else f"acc_{mi}_{nj}_{r} + bias_{mi}_{r >> 1}")
                 lines.append(f"a_stage[lane_slot + U({offset})] = {value}")
         lines.append(sync)
         # The rows as a loop (NVVM unrolls it): unrolled here, their branches made numba's SSA
@@ -674,7 +721,7 @@ def _epilogue(key, tile: MmaTile, precision: str, check_m: bool, simulator: bool
 
 @functools.lru_cache(maxsize=None)
 def mma_kernel(key, tile: MmaTile, precision: str, layout: str, simulator: bool = False,
-               tap_table_bytes: int = 0):
+               tap_table_bytes: int = 0, splits: int = 1):
     """The tensor-core implicit-GEMM kernel for the problem shape ``key``
     (:func:`convlib.cuda.gemm.shape_key`) in ``precision``.
 
@@ -687,19 +734,73 @@ def mma_kernel(key, tile: MmaTile, precision: str, layout: str, simulator: bool 
         (float32, or float16 / bfloat16 as their ``uint16`` bits). ``bias``: ``(K,)`` (ignored without
         bias; half values as bits); ``y``: flat output of ``n_images`` images (half values as
         bits). Launch it with :func:`mma_launch_shape`.
+
+        ``splits`` > 1 (split-K, ``"channels_last"`` only): ``y`` is a float32 workspace of
+        ``splits`` outputs, each part's sums without bias; :func:`split_sum_kernel` adds them.
     """
     if not copies_chunks(layout):  # its operands go through registers: two stages
         tile = tile.with_stages(2)
+    if splits > 1 and layout != "channels_last":
+        raise ValueError(f"split-K serves the channels-last kernel, not {layout!r}")
     if layout in ("channels_last", "pixels"):
-        source, constants = channels_last_source(key, tile, precision, simulator, pixels=layout == "pixels")
+        source, constants = channels_last_source(key, tile, precision, simulator, pixels=layout == "pixels",
+                                                 splits=splits)
     else:
         source, constants = mma_source(key, tile, precision, simulator, tap_table_bytes)
     return compile_kernel(source, "mma_gemm", constants, simulator=simulator,
                           launch_bounds=(tile.threads, tile.min_blocks))
 
 
-def mma_launch_shape(problem, tile: MmaTile, n_images: int) -> tuple[tuple[int, int, int], int]:
-    """Grid and block of :func:`mma_kernel` for ``n_images`` images."""
+def mma_launch_shape(problem, tile: MmaTile, n_images: int, splits: int = 1) -> tuple[tuple[int, int, int], int]:
+    """Grid and block of :func:`mma_kernel` for ``n_images`` images (``splits`` parts of the
+    reduction per group along ``z``)."""
     ngemm = n_images * problem.P * problem.Q
-    grid = (-(-ngemm // tile.BN), -(-problem.gemm_m // tile.BM), problem.groups)
+    grid = (-(-ngemm // tile.BN), -(-problem.gemm_m // tile.BM), problem.groups * splits)
     return grid, tile.threads
+
+
+#: Threads per block of :func:`split_sum_kernel` (one output element each).
+SPLIT_SUM_THREADS = 256
+
+
+def split_workspace_elements(problem, splits: int, n_images: int | None = None) -> int:
+    """float32 elements of split-K's workspace: one output per part (none unsplit)."""
+    n = problem.N if n_images is None else n_images
+    return 0 if splits <= 1 else splits * n * problem.K * problem.P * problem.Q
+
+
+@functools.lru_cache(maxsize=None)
+def split_sum_kernel(key, precision: str, splits: int, simulator: bool = False):
+    """The second kernel of split-K: ``kernel(parts, bias, y, n_images)`` sums the ``splits``
+    float32 outputs of ``parts`` in order (part 0 first: the same result on every run), adds the
+    bias in float32 and rounds once to the output dtype, writing ``y`` as :func:`mma_kernel`'s
+    epilogue does (half values as bits). One thread per output element; launch with
+    :func:`split_sum_launch_shape`."""
+    if precision == "float16":
+        bias_value, result = "float16_value(bias[k])", "float16_bits({})"
+    elif precision == "bfloat16":
+        bias_value, result = "bits_value(U32(bias[k]) << U32(16))", "bfloat16_bits({})"
+    else:
+        bias_value, result = "bias[k]", "{}"
+    adds = [f"    total += parts[U({p}) * size + i]" for p in range(1, splits)]
+    bias_lines = ["    k = (i // PQ) % K", f"    total += {bias_value}"] if key.has_bias else []
+    source = "\n".join([
+        "def split_sum(parts, bias, y, n_images):",
+        "    i = U(cuda.grid(1))",
+        "    size = U(n_images) * KPQ",
+        "    if i >= size:",
+        "        return",
+        "    total = parts[i]",
+        *adds,
+        *bias_lines,
+        f"    y[i] = {result.format('total')}",
+    ]) + "\n"
+    constants = unsigned_constants(PQ=key.P * key.Q, K=key.K, KPQ=key.K * key.P * key.Q)
+    constants.update(_word_constants(simulator, precision))
+    return compile_kernel(source, "split_sum", constants, simulator=simulator)
+
+
+def split_sum_launch_shape(problem, n_images: int, simulator: bool = False) -> tuple[int, int]:
+    """Grid and block of :func:`split_sum_kernel` for ``n_images`` images."""
+    threads = 8 if simulator else SPLIT_SUM_THREADS
+    return -(-n_images * problem.K * problem.P * problem.Q // threads), threads
