@@ -445,6 +445,18 @@ def tensor_call(problem, x, w, b, **kwargs):
                           groups=problem.groups, algo="blis", **kwargs)
 
 
+def assert_tensor_core_result(precision, problem, x, w, b, y, what=""):
+    """``y`` has the problem's shape and the inputs' dtype and matches the float64 reference:
+    within TF32's range of error (neither exact nor worse than TF32 rounding) in TF32, within
+    the dtype's tolerance in half precision."""
+    assert y.dtype == x.dtype and y.shape == problem.y_shape
+    err = relative_error(y, conv2d_reference_for(problem, x, w, b))
+    if precision == "tf32":
+        assert TF32_RANGE[0] < err < TF32_RANGE[1], f"TF32 error {err:.2e} outside {TF32_RANGE}"
+    else:
+        assert err <= TOLERANCE[problem.dtype], f"blis {precision} {what} {problem.describe()}: relative error {err:.3e}"
+
+
 @needs_cuda
 @pytest.mark.parametrize("case", list(TENSOR_CASES))
 @pytest.mark.parametrize("precision", ["tf32", "float16", "bfloat16"])
@@ -465,12 +477,7 @@ def test_tensor_cores_match_reference(precision, case, poisoned_outputs):
     x, w, b = random_inputs(problem, seed=23)
     copies = [a.copy() for a in (x, w, b) if a is not None]
     y = tensor_call(problem, x, w, b, device="cuda", allow_tf32=precision == "tf32")
-    assert y.dtype == x.dtype and y.shape == problem.y_shape
-    err = relative_error(y, conv2d_reference_for(problem, x, w, b))
-    if precision == "tf32":
-        assert TF32_RANGE[0] < err < TF32_RANGE[1], f"TF32 error {err:.2e} outside {TF32_RANGE}"
-    else:
-        assert err <= TOLERANCE[dtype], f"blis {precision} {problem.describe()}: relative error {err:.3e}"
+    assert_tensor_core_result(precision, problem, x, w, b, y)
     for original, copy in zip((a for a in (x, w, b) if a is not None), copies):
         assert np.array_equal(original.view(np.uint8), copy.view(np.uint8)), "an input was modified"
     expected_workspace = 0
@@ -589,12 +596,7 @@ def test_tensor_cores_split_k_matches_reference(precision, case, tile, split, po
             copies = problem.itemsize * (x.size + w.size)
             assert blis.workspace_bytes(problem) == copies + 4 * splits * int(np.prod(problem.y_shape))
         y = tensor_call(problem, x, w, b, device="cuda", allow_tf32=precision == "tf32")
-    assert y.dtype == x.dtype and y.shape == problem.y_shape
-    err = relative_error(y, conv2d_reference_for(problem, x, w, b))
-    if precision == "tf32":
-        assert TF32_RANGE[0] < err < TF32_RANGE[1], f"TF32 error {err:.2e} outside {TF32_RANGE}"
-    else:
-        assert err <= TOLERANCE[dtype], f"blis {precision} split {split} {problem.describe()}: relative error {err:.3e}"
+    assert_tensor_core_result(precision, problem, x, w, b, y, f"split {split}")
 
 
 def test_split_k_rule():

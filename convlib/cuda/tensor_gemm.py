@@ -652,6 +652,13 @@ def _products(tile: MmaTile, precision: str, simulator: bool, a_ldmatrix: bool, 
     return lines
 
 
+#: A bias element as a float32 value, per precision (half biases are stored as their bits).
+_BIAS_VALUE = {"float16": "float16_value(bias[{}])", "bfloat16": "bits_value(U32(bias[{}]) << U32(16))",
+               "tf32": "bias[{}]"}
+#: A float32 value rounded once to the output dtype's bits (TF32 outputs stay float32).
+_ROUNDED = {"float16": "float16_bits({})", "bfloat16": "bfloat16_bits({})"}
+
+
 def _epilogue(key, tile: MmaTile, precision: str, check_m: bool, simulator: bool, partial: bool = False) -> list[str]:
     """Generated lines adding the bias to each lane's accumulators and storing them, rounded to
     the output dtype, in NCHW.
@@ -666,14 +673,11 @@ def _epilogue(key, tile: MmaTile, precision: str, check_m: bool, simulator: bool
     output of the float32 workspace ``y`` (``SPLITS`` outputs of ``n_images`` images)."""
     MT, NT = tile.WM // 16, tile.WN // 8
     OS = tile.output_stride
-    if partial:
-        bias_value, staged, result = None, "float_bits({})", "bits_value({})"
-    elif precision == "float16":
-        bias_value, staged, result = "float16_value(bias[{}])", "U32(float16_bits({}))", "{}"
-    elif precision == "bfloat16":
-        bias_value, staged, result = "bits_value(U32(bias[{}]) << U32(16))", "U32(bfloat16_bits({}))", "{}"
+    bias_value = _BIAS_VALUE[precision]
+    if partial or precision not in _ROUNDED:
+        staged, result = "float_bits({})", "bits_value({})"
     else:
-        bias_value, staged, result = "bias[{}]", "float_bits({})", "bits_value({})"
+        staged, result = f"U32({_ROUNDED[precision]})", "{}"
     sync = "cuda.syncthreads()" if simulator else "cuda.syncwarp()"  # the simulator has no syncwarp
     lines = [
         f"slice_base = warp * U({16 * OS})",
@@ -776,14 +780,9 @@ def split_sum_kernel(key, precision: str, splits: int, simulator: bool = False):
     bias in float32 and rounds once to the output dtype, writing ``y`` as :func:`mma_kernel`'s
     epilogue does (half values as bits). One thread per output element; launch with
     :func:`split_sum_launch_shape`."""
-    if precision == "float16":
-        bias_value, result = "float16_value(bias[k])", "float16_bits({})"
-    elif precision == "bfloat16":
-        bias_value, result = "bits_value(U32(bias[k]) << U32(16))", "bfloat16_bits({})"
-    else:
-        bias_value, result = "bias[k]", "{}"
+    result = _ROUNDED.get(precision, "{}")
     adds = [f"    total += parts[U({p}) * size + i]" for p in range(1, splits)]
-    bias_lines = ["    k = (i // PQ) % K", f"    total += {bias_value}"] if key.has_bias else []
+    bias_lines = ["    k = (i // PQ) % K", f"    total += {_BIAS_VALUE[precision].format('k')}"] if key.has_bias else []
     source = "\n".join([
         "def split_sum(parts, bias, y, n_images):",
         "    i = U(cuda.grid(1))",

@@ -64,11 +64,18 @@ def reduction_steps(problem, tile: MmaTile, precision: str) -> int:
 def most_mma_parts(problem, tile: MmaTile, precision: str) -> int:
     """The most parts :func:`choose_mma_split` may cut ``problem``'s reduction into with
     ``tile``, whatever the SMs (a bound on split-K's workspace)."""
+    steps, limit, forced = _split_bounds(problem, tile, precision)
+    return forced or _allowed_parts(steps, limit)[-1]
+
+
+def _split_bounds(problem, tile: MmaTile, precision: str) -> tuple[int, int, int | None]:
+    """``(steps, limit, forced)``: the reduction's steps, the most parts it may be cut into (a
+    part keeps a step; the grid's ``groups x parts`` stay within CUDA's limit) and the count
+    the ``mma_split`` knob imposes within that limit (None: the rule decides)."""
     steps = reduction_steps(problem, tile, precision)
     limit = max(1, min(steps, MAX_GRID_Y // problem.groups))
-    if KNOBS.mma_split is not None:
-        return max(1, min(int(KNOBS.mma_split), limit))
-    return _allowed_parts(steps, limit)[-1]
+    forced = None if KNOBS.mma_split is None else max(1, min(int(KNOBS.mma_split), limit))
+    return steps, limit, forced
 
 
 def _allowed_parts(steps: int, limit: int) -> list[int]:
@@ -91,10 +98,9 @@ def choose_mma_split(problem, tile: MmaTile, precision: str, multiprocessors: in
     plus the partial sums' traffic, and faster cut in 4 (784 blocks: three full waves).
     ``mma_split`` imposes a count instead. Either way a part keeps at least one step and the
     grid's ``groups x parts`` stay within CUDA's limit."""
-    steps = reduction_steps(problem, tile, precision)
-    limit = max(1, min(steps, MAX_GRID_Y // problem.groups))
-    if KNOBS.mma_split is not None:
-        return max(1, min(int(KNOBS.mma_split), limit))
+    steps, limit, forced = _split_bounds(problem, tile, precision)
+    if forced is not None:
+        return forced
     blocks = mma_blocks(problem, tile)
     slots = KNOBS.mma_split_blocks_per_sm * multiprocessors
     if blocks >= slots:
@@ -116,7 +122,7 @@ def _preferred(tiles, problem, multiprocessors: int, n: int, split=None):
     fitting = [t for t in tiles if t.BM <= m] or [min(tiles, key=lambda t: t.BM)]
 
     def blocks(tile):
-        whole = -(-problem.gemm_m // tile.BM) * -(-n // tile.BN) * problem.groups
+        whole = mma_blocks(problem, tile, n)
         return whole * split(tile) if split else whole
 
     # Two blocks per SM keep the FMA pipes busy while the other block waits on its loads.
