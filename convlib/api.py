@@ -43,9 +43,10 @@ def _arrays(**named):
 def _dask(*arrays):
     """:mod:`convlib.dask` when one of ``arrays`` is a Dask array (judged from its type's module,
     so dask is imported only by those who pass one), else None."""
-    if any(a is not None and type(a).__module__.split(".")[0] == "dask" for a in arrays):
-        from . import dask as dask_arrays
-        return dask_arrays
+    for a in arrays:
+        if a is not None and type(a) is not np.ndarray and type(a).__module__.split(".")[0] == "dask":
+            from . import dask as dask_arrays
+            return dask_arrays
     return None
 
 
@@ -88,17 +89,56 @@ def check_algo(algo) -> str:
     return algo
 
 
-def _plan(operation: str, arrays, device, algo, build_problem_of, **arguments):
+def _plan(operation: str, arrays, device, algo, build_problem_of, key=None, **arguments):
     """The plan of one call: the one built for the same call signature before
     (:data:`~convlib.dispatch.plan.PLANS`), else ``algo`` checked, ``build_problem_of()``
-    validated and a new plan made. ``arguments`` are the call's other arguments as given."""
+    validated and a new plan made. ``arguments`` are the call's other arguments as given; ``key``,
+    when given, replaces their :func:`~convlib.dispatch.plan.call_signature` (see :func:`plan_conv2d`)."""
 
     def build():
         checked_algo = check_algo(algo)
         problem = build_problem_of()
         return make_plan(operation, problem, device, checked_algo, arrays)
 
-    return PLANS.get(call_signature(operation, arrays, device, algo, **arguments), build)
+    if key is None:
+        key = call_signature(operation, arrays, device, algo, **arguments)
+    return PLANS.get(key, build)
+
+
+# The plans of the four operations' calls, for arrays already read as host (numpy) or device
+# arrays. The public functions run them; a caller that calls one layer many times with arguments
+# of its own making (convlib.torch) passes a ``key`` it builds faster than the call signature,
+# which must then say everything the plan is built from, and end with
+# convlib.dispatch.plan.host_state() (see plan_key).
+def plan_conv2d(x, w, bias, *, stride, padding, dilation, groups, algo, device, key=None):
+    """The :class:`~convlib.dispatch.plan.Plan` that :func:`conv2d` runs for these arrays and arguments."""
+    return _plan("conv2d", (x, w, bias), device, algo,
+                 lambda: build_problem(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups),
+                 key=key, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+def plan_backward_data(dy, w, x_shape, *, stride, padding, dilation, groups, algo, device, key=None):
+    """The plan that :func:`conv2d_backward_data` runs."""
+    return _plan("conv2d_backward_data", (dy, w), device, algo,
+                 lambda: make_backward_data_problem(
+                     tuple(dy.shape), tuple(w.shape), x_shape, array_dtype("dy", dy), array_dtype("w", w),
+                     stride=stride, padding=padding, dilation=dilation, groups=groups),
+                 key=key, x_shape=x_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+def plan_backward_weight(x, dy, w_shape, *, stride, padding, dilation, groups, algo, device, key=None):
+    """The plan that :func:`conv2d_backward_weight` runs."""
+    return _plan("conv2d_backward_weight", (x, dy), device, algo,
+                 lambda: make_backward_weight_problem(
+                     tuple(x.shape), tuple(dy.shape), w_shape, array_dtype("x", x), array_dtype("dy", dy),
+                     stride=stride, padding=padding, dilation=dilation, groups=groups),
+                 key=key, w_shape=w_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+def plan_backward_bias(dy, *, algo, device, key=None):
+    """The plan that :func:`conv2d_backward_bias` runs."""
+    return _plan("conv2d_backward_bias", (dy,), device, algo,
+                 lambda: make_backward_bias_problem(tuple(dy.shape), array_dtype("dy", dy)), key=key)
 
 
 def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="auto", device=None,
@@ -186,9 +226,8 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, algo="
                                   allow_tf32=options.allow_tf32)
     like = x
     x, w, bias = host_array("x", x), host_array("w", w), host_array("bias", bias)
-    plan = _plan("conv2d", (x, w, bias), device, algo,
-                 lambda: build_problem(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups),
-                 stride=stride, padding=padding, dilation=dilation, groups=groups)
+    plan = plan_conv2d(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups, algo=algo,
+                       device=device)
     return plan.run(x, w, bias, like=like)
 
 
@@ -250,11 +289,8 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     like = dy
     _required(dy=dy, w=w)
     dy, w = _arrays(dy=dy, w=w)
-    plan = _plan("conv2d_backward_data", (dy, w), device, algo,
-                 lambda: make_backward_data_problem(
-                     tuple(dy.shape), tuple(w.shape), x_shape, array_dtype("dy", dy), array_dtype("w", w),
-                     stride=stride, padding=padding, dilation=dilation, groups=groups),
-                 x_shape=x_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    plan = plan_backward_data(dy, w, x_shape, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                              algo=algo, device=device)
     return plan.run(dy, w, None, like=like)
 
 
@@ -301,11 +337,8 @@ def conv2d_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     like = x
     _required(x=x, dy=dy)
     x, dy = _arrays(x=x, dy=dy)
-    plan = _plan("conv2d_backward_weight", (x, dy), device, algo,
-                 lambda: make_backward_weight_problem(
-                     tuple(x.shape), tuple(dy.shape), w_shape, array_dtype("x", x), array_dtype("dy", dy),
-                     stride=stride, padding=padding, dilation=dilation, groups=groups),
-                 w_shape=w_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    plan = plan_backward_weight(x, dy, w_shape, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                                algo=algo, device=device)
     return plan.run(x, dy, like=like)
 
 
@@ -332,8 +365,7 @@ def conv2d_backward_bias(dy, *, algo="auto", device=None):
     like = dy
     _required(dy=dy)
     (dy,) = _arrays(dy=dy)
-    plan = _plan("conv2d_backward_bias", (dy,), device, algo,
-                 lambda: make_backward_bias_problem(tuple(dy.shape), array_dtype("dy", dy)))
+    plan = plan_backward_bias(dy, algo=algo, device=device)
     return plan.run(dy, like=like)
 
 

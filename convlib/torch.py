@@ -41,8 +41,10 @@ from torch import Tensor
 from .api import (
     check_algo, conv2d as _convlib_conv2d, conv2d_backward_bias as _convlib_backward_bias,
     conv2d_backward_data as _convlib_backward_data, conv2d_backward_weight as _convlib_backward_weight,
+    plan_backward_bias, plan_backward_data, plan_backward_weight, plan_conv2d,
 )
 from .core.problem import padding_sides
+from .dispatch.plan import host_state
 
 __all__ = ["Conv2d", "conv2d"]
 
@@ -95,7 +97,7 @@ def _host(tensor: Optional[Tensor]):
     than by convlib's array reading, which must first find out what kind of array it was given."""
     if tensor is None:
         return None
-    if tensor.device.type == "cpu":
+    if tensor.is_cpu:
         return tensor.detach().numpy()
     return tensor.detach()
 
@@ -106,26 +108,85 @@ def _tensor(result) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------------
+# The plans of a layer's calls. A training step calls each layer's forward and backward passes
+# with the same shapes again and again, and the interpreter's caches are cold by then (PyTorch's
+# work between two calls evicts them): there the public functions' path (reading the arrays,
+# the call signature, the plan's lookup and run) took ~30 us a call, 3-4x its time in a loop.
+# For contiguous float32/float64 CPU tensors and int arguments (all that this module's own
+# arguments are, once PyTorch's forms are resolved) the key below says everything a plan is
+# built from, and the plan runs straight on the tensors' memory.
+# ------------------------------------------------------------------------------------------
+_PLAN_DTYPES = (torch.float32, torch.float64)
+_INT = {int}
+
+
+def _plan_key(operation: str, tensors, arguments, algo: str):
+    """The key of :data:`convlib.dispatch.plan.PLANS` for this call, or None when it takes the
+    public function's path (a tensor not on the CPU, not contiguous or of another dtype; an
+    argument that is not an int, which convlib's validation must see)."""
+    described = []
+    for t in tensors:
+        if t is None:
+            described.append(None)
+        elif t.is_cpu and t.dtype in _PLAN_DTYPES and t.is_contiguous():
+            described.append((tuple(t.shape), t.dtype))
+        else:
+            return None
+    flat = tuple(v for part in arguments for v in (part if isinstance(part, (tuple, list)) else (part,)))
+    if set(map(type, flat)) != _INT or not isinstance(algo, str):
+        return None
+    return ("convlib.torch", operation, tuple(described), flat, algo, *host_state())
+
+
+def _planned(plan_of, operation, tensors, arguments, algo, **keywords):
+    """The result of ``operation`` on ``tensors`` by its plan (see above), or None when the call
+    takes the public function's path. ``plan_of`` is convlib's plan function for the operation,
+    ``keywords`` its arguments besides the arrays."""
+    key = _plan_key(operation, tensors, arguments, algo)
+    if key is None:
+        return None
+    arrays = [None if t is None else t.detach().numpy() for t in tensors]
+    plan = plan_of(*arrays, algo=algo, device=None, key=key, **keywords)
+    return torch.from_numpy(plan.execute(*arrays))
+
+
+# ------------------------------------------------------------------------------------------
 # The operators.
 # ------------------------------------------------------------------------------------------
 # The computations, as plain functions: the ops' bodies, and what the eager path calls directly.
 def _forward_values(x, w, bias, stride, padding, dilation, groups, algo) -> Tensor:
-    return _tensor(_convlib_conv2d(_host(x), _host(w), _host(bias), **_geometry(stride, padding, dilation, groups),
-                                   algo=algo))
+    geometry = _geometry(stride, padding, dilation, groups)
+    y = _planned(plan_conv2d, "conv2d", (x, w, bias), (stride, padding, dilation, groups), algo, **geometry)
+    if y is None:
+        y = _tensor(_convlib_conv2d(_host(x), _host(w), _host(bias), **geometry, algo=algo))
+    return y
 
 
 def _backward_data_values(dy, w, x_shape, stride, padding, dilation, groups, algo) -> Tensor:
-    return _tensor(_convlib_backward_data(_host(dy), _host(w), tuple(x_shape),
-                                          **_geometry(stride, padding, dilation, groups), algo=algo))
+    geometry = _geometry(stride, padding, dilation, groups)
+    x_shape = tuple(x_shape)
+    dx = _planned(plan_backward_data, "conv2d_backward_data", (dy, w), (x_shape, stride, padding, dilation, groups),
+                  algo, x_shape=x_shape, **geometry)
+    if dx is None:
+        dx = _tensor(_convlib_backward_data(_host(dy), _host(w), x_shape, **geometry, algo=algo))
+    return dx
 
 
 def _backward_weight_values(x, dy, w_shape, stride, padding, dilation, groups, algo) -> Tensor:
-    return _tensor(_convlib_backward_weight(_host(x), _host(dy), tuple(w_shape),
-                                            **_geometry(stride, padding, dilation, groups), algo=algo))
+    geometry = _geometry(stride, padding, dilation, groups)
+    w_shape = tuple(w_shape)
+    dw = _planned(plan_backward_weight, "conv2d_backward_weight", (x, dy),
+                  (w_shape, stride, padding, dilation, groups), algo, w_shape=w_shape, **geometry)
+    if dw is None:
+        dw = _tensor(_convlib_backward_weight(_host(x), _host(dy), w_shape, **geometry, algo=algo))
+    return dw
 
 
 def _backward_bias_values(dy, algo) -> Tensor:
-    return _tensor(_convlib_backward_bias(_host(dy), algo=algo))
+    db = _planned(plan_backward_bias, "conv2d_backward_bias", (dy,), (), algo)
+    if db is None:
+        db = _tensor(_convlib_backward_bias(_host(dy), algo=algo))
+    return db
 
 
 @torch.library.custom_op("convlib::conv2d", mutates_args=())

@@ -27,6 +27,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Protocol
 
+#: The context of an execution that changes nothing (:meth:`Backend.execution`); one object, so
+#: a plan can tell that it may skip the ``with`` altogether.
+RUN_AS_IS = contextlib.nullcontext()
+
 
 class BackendUnavailable(ValueError):
     """A backend was asked for but its optional dependencies are not installed or found."""
@@ -106,8 +110,8 @@ class Backend:
 
     def execution(self, problem):
         """A context manager around each execution of ``problem`` by an implementation (the
-        CPU backend runs small problems on one thread in it); by default, nothing."""
-        return contextlib.nullcontext()
+        CPU backend runs small problems on one thread in it); by default :data:`RUN_AS_IS`."""
+        return RUN_AS_IS
 
     def finish(self, y, like, handle):
         """The result in the kind of ``like`` (the user's first array): numpy in -> numpy out, ..."""

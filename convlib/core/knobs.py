@@ -196,8 +196,10 @@ class KnobTable:
     def state(self) -> tuple:
         """The overrides in force and the profile's generation, as a hashable value (a cache key
         part); ``()`` when nothing overrides the defaults."""
-        overrides = tuple(sorted(self._overrides.get().items()))
-        return overrides + ((("<profile>", self._generation),) if self._generation else ())
+        overrides = self._overrides.get()
+        if not overrides and not self._generation:  # the common case, read on every call
+            return ()
+        return tuple(sorted(overrides.items())) + ((("<profile>", self._generation),) if self._generation else ())
 
     def cached(self, fn: Callable) -> Callable:
         """``fn`` memoised on its (hashable) arguments and :meth:`state`: for what a backend

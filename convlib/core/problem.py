@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 
 import numpy as np
@@ -90,6 +90,15 @@ class ConvProblem:
         # arrays; make_problem has already done them and says so through _checked.
         if not self._checked:
             _check_sizes(self)
+
+    def __hash__(self) -> int:
+        # The dataclass' own hash builds the tuple of fields on every call; problems key the
+        # caches of every layer (plans, blockings, layouts), several lookups per call.
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare))
 
     # -- output size -----------------------------------------------------------------------
     @cached_property

@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
-from numba import get_num_threads, set_num_threads
+from numba import set_num_threads
 
-from ..core.contracts import Backend
+from ..core.contracts import RUN_AS_IS, Backend
 from ..core.host_memory import host_memory_available
 from .isa import cpu_model, host_isa
 from .tables import KNOBS
+from .threads import thread_count
 
 
 #: :meth:`CpuBackend.identity` per thread count (the model and instruction set are read once per
@@ -37,7 +38,7 @@ class CpuBackend(Backend):
 
     def identity(self, handle):
         # The thread count is part of the device: a choice measured on 2 threads need not win on 16.
-        threads = get_num_threads()
+        threads = thread_count()
         identity = _IDENTITIES.get(threads)
         if identity is None:
             identity = _IDENTITIES[threads] = f"cpu|{cpu_model()}|{host_isa()}|{threads} threads"
@@ -60,7 +61,7 @@ class CpuBackend(Backend):
     def execution(self, problem):
         """Problems under the ``serial_below_flops`` knob run on the calling thread alone."""
         if problem.flops >= KNOBS.serial_below_flops:
-            return contextlib.nullcontext()
+            return RUN_AS_IS
         return _one_thread()
 
     def finish(self, y, like, handle):
@@ -70,7 +71,7 @@ class CpuBackend(Backend):
 @contextlib.contextmanager
 def _one_thread():
     # numba's thread count is per calling thread: other threads of the program keep theirs.
-    threads = get_num_threads()
+    threads = thread_count()
     set_num_threads(1)
     try:
         yield

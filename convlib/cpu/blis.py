@@ -54,7 +54,7 @@ import functools
 from collections import namedtuple
 
 import numpy as np
-from numba import get_num_threads, njit, prange, types
+from numba import njit, prange, types
 from numba.core.typing.typeof import typeof_impl
 
 from ..core import output_cache
@@ -64,6 +64,7 @@ from .micro_kernels import (
 )
 from .packing import RUN_COLUMNS, TAP_COLUMNS, pack_a_from_filters, pack_b_from_image, packs_linear
 from .tables import KNOBS, VECTOR_SLACK_BYTES, BlisBlocking, blis_blocking
+from .threads import thread_count
 
 #: The sizes the kernels need, as one numba-friendly (homogeneous int) named tuple.
 ConvGeometry = namedtuple(
@@ -256,7 +257,7 @@ def launch_plan(problem: ConvProblem, threads: int) -> LaunchPlan:
 
 def partitions() -> int:
     """Work partitions of a call: the ``blis_partitions`` knob, else numba's thread count."""
-    return KNOBS.blis_partitions or get_num_threads()
+    return KNOBS.blis_partitions or thread_count()
 
 
 def workspace_bytes(problem: ConvProblem, device=None) -> int:

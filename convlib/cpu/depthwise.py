@@ -68,7 +68,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import get_num_threads, njit, prange
+from numba import njit, prange
 
 from ..core import output_cache
 from ..core.problem import ConvProblem
@@ -77,6 +77,7 @@ from .intrinsics import (deinterleave_vector, store_fence, transpose_block, vect
 from .isa import simd_bytes
 from .stack_buffer import stack_array_1d
 from .tables import KNOBS
+from .threads import thread_count
 
 uintp = np.uintp
 
@@ -224,21 +225,21 @@ def workspace_bytes(problem: ConvProblem, device=None) -> int:
     band's input and output blocks (``depthwise_channel_block_bytes``)."""
     if uses_channel_blocks(problem):
         rows, in_rows, Wb = channel_block_geometry(problem)
-        return get_num_threads() * (in_rows * Wb + rows * problem.Q) * 64
+        return thread_count() * (in_rows * Wb + rows * problem.Q) * 64
     if uses_whole_planes(problem):
         positions = _round_up(problem.P * problem.Q, BLOCK)
         before, after = _plane_margins(problem)
         return (problem.R * problem.S * positions
-                + get_num_threads() * (before + problem.H * problem.W + after) * problem.itemsize)
+                + thread_count() * (before + problem.H * problem.W + after) * problem.itemsize)
     if uses_gathered_planes(problem):
         source, _, output_index, wide = gathered_geometry(problem)
         block = band_block(problem.itemsize)[1]
         per_thread = (source.size + block + _round_up(wide, block)) * problem.itemsize
-        return source.nbytes + output_index.nbytes + get_num_threads() * per_thread
+        return source.nbytes + output_index.nbytes + thread_count() * per_thread
     rows, extra, Ws, phases_h, phases_w = geometry(problem)
     block = band_block(problem.itemsize)[1]
     per_thread = (phases_h * phases_w * (rows + extra) + rows) * Ws + Ws + 2 * block
-    return get_num_threads() * per_thread * problem.itemsize
+    return thread_count() * per_thread * problem.itemsize
 
 
 @functools.lru_cache(maxsize=None)
@@ -852,19 +853,19 @@ def run(problem: ConvProblem, x, w, bias, device=None):
         channel_block_kernel(problem.R, problem.S, problem.dtype, KNOBS.depthwise_channel_block_ways)(
             x, w, bias_or_zeros, problem.stride[0], problem.stride[1], problem.pad_top, problem.pad_left,
             problem.dilation[0], problem.dilation[1], rows, in_rows, Wb, KNOBS.depthwise_channel_block_window,
-            get_num_threads(), y)
+            thread_count(), y)
         return y
     if uses_whole_planes(problem):
         before, after = _plane_margins(problem)
         mask, delta = _plane_tables(problem.H, problem.W, problem.R, problem.S, problem.pad_top, problem.pad_left,
                                     problem.dilation)
         whole_plane_kernel(problem.R, problem.S, problem.dtype)(
-            x, w, bias_or_zeros, mask, delta, before, after, get_num_threads(), y)
+            x, w, bias_or_zeros, mask, delta, before, after, thread_count(), y)
         return y
     if uses_gathered_planes(problem):
         source, tap_offset, output_index, wide = gathered_geometry(problem)
         gathered_plane_kernel(problem.R, problem.S, problem.dtype)(
-            x, w, bias_or_zeros, source, tap_offset, output_index, wide, get_num_threads(), y)
+            x, w, bias_or_zeros, source, tap_offset, output_index, wide, thread_count(), y)
         return y
     rows = geometry(problem)[0]
     address = y.__array_interface__["data"][0]
@@ -874,5 +875,5 @@ def run(problem: ConvProblem, x, w, bias, device=None):
     depthwise_kernel(problem.R, problem.S, problem.dtype, simd_bytes())(
         x, w, bias_or_zeros, problem.stride[0], problem.stride[1], problem.pad_top, problem.pad_left,
         problem.dilation[0], problem.dilation[1], rows, stream, (address // problem.itemsize) % lanes,
-        get_num_threads(), y)
+        thread_count(), y)
     return y

@@ -85,12 +85,13 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-from numba import get_num_threads, njit, prange, set_num_threads
+from numba import njit, prange, set_num_threads
 
 from ..core import output_cache
 from .intrinsics import store_fence, vector_fma, vector_stream_plus
 from .stack_buffer import stack_array_1d, stack_array_2d
 from .tables import KNOBS, DirectBlocking, direct_blockings, direct_vector_bytes
+from .threads import thread_count
 from .work_queue import fetch_and_increment
 
 
@@ -226,7 +227,7 @@ def schedule(problem, block: DirectBlocking, threads: int | None = None) -> Sche
     which every K range would gather again, goes the other way round (the digits CNN's 16->32
     layer, 32 images of 8x8: 0.21 ms with K ranges first, 0.09 with images first).
     """
-    threads = threads or get_num_threads()
+    threads = threads or thread_count()
     wanted_items = 8 * threads
     planes = _planes(problem, block.QB)
     N, P = problem.N, problem.P
@@ -284,7 +285,7 @@ def workspace_bytes(problem, device=None) -> int:
     The packed weights (``K`` rounded up to the block, times ``C/groups * R * S``) are not
     counted; they are the size of ``w``.
     """
-    threads = get_num_threads() if problem.flops >= KNOBS.direct_serial_below_flops else 1
+    threads = thread_count() if problem.flops >= KNOBS.direct_serial_below_flops else 1
     blk, planes, _, plan = _layout(problem, threads)
     if planes.source == "in place":
         return 0
@@ -642,7 +643,7 @@ def run(problem, x, w, bias, device):
         return y
     # Too little work to be worth waking the other threads: on a busy machine a thread that is
     # not running can hold a whole parallel region up for a scheduler time slice.
-    threads = get_num_threads()
+    threads = thread_count()
     set_num_threads(1)
     try:
         _run(problem, x, w, bias, y)
@@ -667,7 +668,7 @@ def _layout(problem, threads: int):
 def _run(problem, x, w, bias, y):
     """Pack the weights and run the kernel with numba's current thread count; fills ``y``."""
     dtype = np.dtype(problem.dtype)
-    threads = get_num_threads()
+    threads = thread_count()
     blk, planes, tap_offsets, plan = _layout(problem, threads)
     KB = blk.KB
     groups = problem.groups

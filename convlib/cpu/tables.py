@@ -329,9 +329,11 @@ KNOBS = KnobTable("cpu", [
          "many filters per group ..."),
     Knob("auto_direct_max_reduction", 512, "... and up to this reduction: packing B costs blis more than "
          "direct's re-reads of the image (ResNet-50's stem)"),
-    Knob("auto_direct_min_pixels", 4096, "... and from this many output pixels in the batch (GEMM N) up: "
-         "on the digits CNN's 16->32 layer (32 images of 8x8, 2048 pixels) blis took 0.31-0.46 ms and direct "
-         "0.43-0.46 inside training steps, and the step ran 2-4% faster with blis (2 threads, Zen 4)"),
+    Knob("auto_direct_min_pixels", 2048, "... and from this many output pixels in the batch (GEMM N) up: "
+         "below, an image is too small for direct's blocks along the output rows. The digits CNN's 16->32 "
+         "layer (32 images of 8x8, 2048 pixels) sits at the limit: with direct's 4x80 block (AVX-512) its "
+         "training step took 0.97x the time with blis there (Zen 5), 0.99x under AVX2 (examples/train_digits.py, "
+         "2 threads); before that block, blis won by 2-4% (Zen 4)"),
     # -- winograd --------------------------------------------------------------------------
     Knob("winograd_chunk_bytes", 4 * 2**20, "target bytes of one chunk's transformed input plus GEMM output "
          "(V + M): a few MB, so both stay in the last-level cache between the three passes"),

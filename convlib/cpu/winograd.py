@@ -56,7 +56,7 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
-from numba import get_num_threads, njit, parallel_chunksize, prange, types
+from numba import njit, parallel_chunksize, prange, types
 from numba.extending import overload
 
 from ..core import output_cache
@@ -67,6 +67,7 @@ from .intrinsics import vector_copy, vector_fma, vector_zero
 from .micro_kernels import micro_kernel_lanes
 from .stack_buffer import stack_array_1d
 from .tables import KNOBS
+from .threads import thread_count
 from .winograd_transforms import (
     part_range,
     filter_transform_kernel,
@@ -364,7 +365,7 @@ class WinogradAlgorithm(WinogradTile):
         plan = self.chunk_plan(problem, chunk_bytes)
         chunk = self.alpha**2 * (problem.C + problem.K) * plan.padded_tiles * problem.itemsize
         if self.fuses_filters(problem, plan):
-            return get_num_threads() * self.filter_block_elements(problem) * problem.itemsize + chunk
+            return thread_count() * self.filter_block_elements(problem) * problem.itemsize + chunk
         return self.filter_bytes(problem) + chunk
 
     def run(self, problem, x, w, bias, device=None):
@@ -380,7 +381,7 @@ class WinogradAlgorithm(WinogradTile):
         a2 = self.alpha**2
         MR, NR = register_tile(problem.dtype)
         Kg = problem.K_per_group
-        threads = get_num_threads()
+        threads = thread_count()
         plan = self.chunk_plan(problem)
         fused = self.fuses_filters(problem, plan)
         if fused:

@@ -127,6 +127,8 @@ def _bfloat16_host(name: str, tensor):
 def result_kind(y, like):
     """The result in the kind of the user's ``like``, for host kinds the backend does not know:
     a numpy result for a PyTorch CPU tensor becomes a PyTorch tensor over the same memory."""
+    if type(like) is np.ndarray:  # the common case, first: numpy in, numpy out
+        return y
     if isinstance(y, np.ndarray) and is_torch_cpu_tensor(like):
         import torch
 

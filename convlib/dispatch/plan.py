@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..core.contracts import RUN_AS_IS
 from ..core.options import options
 from ..core.problem import ConvProblem
 from . import registry
@@ -80,8 +81,8 @@ class Plan:
     algorithm: str
     implementation: Any
     reason: str
-    # (workspace cap, selection state) -> pieces: what :meth:`pieces` found for this plan before.
-    _pieces_seen: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # (workspace cap, selection state) -> what a CPU execution decides before its kernels (_cpu_steps).
+    _steps_seen: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def backend(self):
@@ -111,31 +112,48 @@ class Plan:
             if self.operation in REDUCE_OVER_BATCH:
                 return backend.prepare(np.zeros(problem.output_shape, problem.compute_dtype), problem.dtype, handle)
             return backend.empty(problem.output_shape, problem.dtype, handle)
-        check_result_fits(self.operation, problem, self.target)
-        pieces = self.pieces(options.workspace_cap)
+        if self.target.name == "cpu":
+            # What the steps below decide is kept per workspace cap and knob state (see _cpu_steps).
+            check_fit, pieces, serial = self._cpu_steps(options.workspace_cap)
+            if check_fit:
+                check_result_fits(self.operation, problem, self.target)
+            if pieces is None and not serial:
+                return self.implementation.run(problem, *device_arrays, handle)
+        else:
+            check_result_fits(self.operation, problem, self.target)
+            pieces = self.pieces(options.workspace_cap)
         with backend.execution(problem):
             if pieces is None:
                 return self.implementation.run(problem, *device_arrays, handle)
             return self._execute_in_pieces(pieces, *device_arrays)
 
+    def _cpu_steps(self, cap: int) -> tuple:
+        """``(check_fit, pieces, serial)`` of a CPU execution under a workspace cap of ``cap``:
+        whether the result's size must be checked against free memory (only results of at least
+        a sixteenth of the machine's memory are), :meth:`pieces`, and whether the problem runs on
+        the calling thread alone (the ``serial_below_flops`` knob). Kept on the plan per cap and
+        knob state: in a training step, where the interpreter's caches are cold between calls,
+        deciding them again took ~10 us of a small layer's call. The plan's signature holds the
+        thread count, so a plan is never asked about another."""
+        key = (cap, selection_state())
+        steps = self._steps_seen.get(key)
+        if steps is None:
+            backend = self.target.backend
+            check_fit = backend.memory_available(None, self.problem.output_bytes) is not None
+            serial = backend.execution(self.problem) is not RUN_AS_IS
+            if len(self._steps_seen) >= 8:
+                self._steps_seen.clear()
+            steps = self._steps_seen[key] = (check_fit, self.pieces(cap), serial)
+        return steps
+
     def pieces(self, cap: int):
         """The pieces :meth:`execute` cuts the problem into under a workspace cap of ``cap`` bytes
-        (:mod:`convlib.dispatch.pieces`), or None when it runs whole."""
+        (:mod:`convlib.dispatch.pieces`), or None when it runs whole. (Asking the implementation
+        for its workspace takes longer than a small layer's kernel: on the CPU :meth:`execute`
+        keeps the answer, see :meth:`_cpu_steps`.)"""
         splitter = SPLITTERS.get(self.operation)
         if splitter is None:
             return None
-        if self.target.name == "cpu":
-            # Asking the implementation for its workspace takes longer than a small layer's
-            # kernel (direct weighs its register blocks): once per plan (whose signature holds the
-            # thread count), cap and knob state, kept on the plan (hashing the plan took 1-2 us).
-            key = (cap, selection_state())
-            seen = self._pieces_seen.get(key, self._pieces_seen)
-            if seen is self._pieces_seen:
-                if len(self._pieces_seen) >= 8:
-                    self._pieces_seen.clear()
-                seen = self._pieces_seen[key] = splitter(
-                    self.problem, lambda p: self.implementation.workspace_bytes(p, None), cap)
-            return seen
         return splitter(self.problem, lambda p: self.implementation.workspace_bytes(p, self.target.handle), cap)
 
     def _execute_in_pieces(self, pieces, x, w, bias):
@@ -308,11 +326,17 @@ def call_signature(operation: str, arrays, device, algo, **arguments):
         else:
             return None
     try:
-        typed = tuple((name, _typed(value)) for name, value in arguments.items())
-        return (operation, tuple(described), _typed(device), _typed(algo), typed,
-                get_backend("cpu").identity(None), selection_state())
+        typed = tuple([(name, _typed(value)) for name, value in arguments.items()])
+        return (operation, tuple(described), _typed(device), _typed(algo), typed, *host_state())
     except _Uncacheable:
         return None
+
+
+def host_state() -> tuple:
+    """What a host call's plan depends on besides the call itself, the last parts of every key
+    of :data:`PLANS`: the CPU's identity (its thread count included), which keys the tuning
+    cache, and :func:`convlib.dispatch.select.selection_state`."""
+    return get_backend("cpu").identity(None), selection_state()
 
 
 class PlanCache:

@@ -82,9 +82,9 @@ def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # stride-1, unpadded) layer, whose packing is a plain copy of channel rows. Elsewhere, with at
     # most 256 filters per group and a reduction of at most 512, packing B costs blis more than
     # direct's re-reads of the image (the stem); past that, blis' register blocking wins.
-    # Below auto_direct_min_pixels output pixels in the batch the image is too small for direct's
-    # blocks along the output rows (8x8 images: one 64-wide block per image, most of a 96-wide
-    # one wasted), and blis' packing of B is cheap.
+    # Below auto_direct_min_pixels output pixels in the batch the images are too small for direct's
+    # blocks along the output rows and blis' packing of B is cheap; 8x8 images (a padded 8x8
+    # output is one 80-wide block, a fifth of it thrown away) at batch 32 are just past it.
     if (not _is_pointwise(problem) and problem.K_per_group <= CPU_KNOBS.auto_direct_max_filters
             and problem.gemm_k <= CPU_KNOBS.auto_direct_max_reduction
             and problem.gemm_n >= CPU_KNOBS.auto_direct_min_pixels):
