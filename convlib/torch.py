@@ -116,32 +116,33 @@ def _tensor(result) -> Tensor:
 # arguments are, once PyTorch's forms are resolved) the key below says everything a plan is
 # built from, and the plan runs straight on the tensors' memory.
 # ------------------------------------------------------------------------------------------
-_PLAN_DTYPES = (torch.float32, torch.float64)
 _INT = {int}
 
 
-def _plan_key(operation: str, tensors, arguments, algo: str):
+def _plan_key(operation: str, tensors, arguments: tuple, algo: str):
     """The key of :data:`convlib.dispatch.plan.PLANS` for this call, or None when it takes the
     public function's path (a tensor not on the CPU, not contiguous or of another dtype; an
-    argument that is not an int, which convlib's validation must see)."""
+    argument that is not an int, which convlib's validation must see). ``arguments``: every
+    size and geometry value of the call, flat."""
     described = []
     for t in tensors:
         if t is None:
             described.append(None)
-        elif t.is_cpu and t.dtype in _PLAN_DTYPES and t.is_contiguous():
-            described.append((tuple(t.shape), t.dtype))
-        else:
+            continue
+        dtype = t.dtype
+        if not ((dtype is torch.float32 or dtype is torch.float64) and t.is_cpu and t.is_contiguous()):
             return None
-    flat = tuple(v for part in arguments for v in (part if isinstance(part, (tuple, list)) else (part,)))
-    if set(map(type, flat)) != _INT or not isinstance(algo, str):
+        described.append((t.shape, dtype))
+    if not _INT.issuperset(map(type, arguments)) or type(algo) is not str:
         return None
-    return ("convlib.torch", operation, tuple(described), flat, algo, *host_state())
+    return ("convlib.torch", operation, tuple(described), arguments, algo, *host_state())
 
 
 def _planned(plan_of, operation, tensors, arguments, algo, **keywords):
     """The result of ``operation`` on ``tensors`` by its plan (see above), or None when the call
     takes the public function's path. ``plan_of`` is convlib's plan function for the operation,
-    ``keywords`` its arguments besides the arrays."""
+    ``arguments`` the call's sizes and geometry as :func:`_plan_key` takes them, ``keywords``
+    the plan function's arguments besides the arrays."""
     key = _plan_key(operation, tensors, arguments, algo)
     if key is None:
         return None
@@ -156,7 +157,7 @@ def _planned(plan_of, operation, tensors, arguments, algo, **keywords):
 # The computations, as plain functions: the ops' bodies, and what the eager path calls directly.
 def _forward_values(x, w, bias, stride, padding, dilation, groups, algo) -> Tensor:
     geometry = _geometry(stride, padding, dilation, groups)
-    y = _planned(plan_conv2d, "conv2d", (x, w, bias), (stride, padding, dilation, groups), algo, **geometry)
+    y = _planned(plan_conv2d, "conv2d", (x, w, bias), (*stride, *padding, *dilation, groups), algo, **geometry)
     if y is None:
         y = _tensor(_convlib_conv2d(_host(x), _host(w), _host(bias), **geometry, algo=algo))
     return y
@@ -165,8 +166,8 @@ def _forward_values(x, w, bias, stride, padding, dilation, groups, algo) -> Tens
 def _backward_data_values(dy, w, x_shape, stride, padding, dilation, groups, algo) -> Tensor:
     geometry = _geometry(stride, padding, dilation, groups)
     x_shape = tuple(x_shape)
-    dx = _planned(plan_backward_data, "conv2d_backward_data", (dy, w), (x_shape, stride, padding, dilation, groups),
-                  algo, x_shape=x_shape, **geometry)
+    dx = _planned(plan_backward_data, "conv2d_backward_data", (dy, w),
+                  (*x_shape, *stride, *padding, *dilation, groups), algo, x_shape=x_shape, **geometry)
     if dx is None:
         dx = _tensor(_convlib_backward_data(_host(dy), _host(w), x_shape, **geometry, algo=algo))
     return dx
@@ -176,7 +177,7 @@ def _backward_weight_values(x, dy, w_shape, stride, padding, dilation, groups, a
     geometry = _geometry(stride, padding, dilation, groups)
     w_shape = tuple(w_shape)
     dw = _planned(plan_backward_weight, "conv2d_backward_weight", (x, dy),
-                  (w_shape, stride, padding, dilation, groups), algo, w_shape=w_shape, **geometry)
+                  (*w_shape, *stride, *padding, *dilation, groups), algo, w_shape=w_shape, **geometry)
     if dw is None:
         dw = _tensor(_convlib_backward_weight(_host(x), _host(dy), w_shape, **geometry, algo=algo))
     return dw

@@ -660,58 +660,98 @@ def _layout(problem, threads: int):
     blk = choose_blocking(problem)
     planes = _planes(problem, blk.QB)
     plan = schedule(problem, blk, threads)
-    plane_rows = {"in place": problem.H, "whole": problem.P + planes.halo,
-                  "per item": plan.band_rows(problem) + planes.halo}[planes.source]
-    return blk, planes, _tap_offsets(problem, planes, plane_rows), plan
+    return blk, planes, _tap_offsets(problem, planes, _plane_rows(problem, planes, plan)), plan
+
+
+def _plane_rows(problem, planes: _Planes, plan: Schedule) -> int:
+    """Rows of one source plane: x's own, the whole planes', or a work item's gathered ones."""
+    return {"in place": problem.H, "whole": problem.P + planes.halo,
+            "per item": plan.band_rows(problem) + planes.halo}[planes.source]
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """Everything of a call of :func:`_run` but its arrays, computed once per problem, thread
+    count and knob state (:func:`_launch`): in a training step, where the interpreter's caches are
+    cold between calls, recomputing it took a third of a small layer's call. The arrays here are
+    read, never written, by the kernels."""
+
+    blocking: DirectBlocking
+    planes: _Planes
+    schedule: Schedule
+    kernel: object
+    tap_offsets: np.ndarray
+    phases_h: np.ndarray  # int64
+    phases_w: np.ndarray
+    plane_rows: int  # rows of a source plane
+    band_rows: int  # rows a work item's gathered planes hold
+    group_stride: int  # elements between groups in the source
+    source_elements: int  # of the whole planes ("whole"), without their zero tail
+    source_shape: tuple  # the whole planes' 6-d shape ("whole")
+    buffer_elements: int  # of one thread's gather buffer ("per item")
+    no_buffers: np.ndarray  # (threads, 0): the kernel's bufs when nothing is gathered per item
+    wpack_shape: tuple
+    zero_bias: np.ndarray  # the packed bias of a call without one
+
+
+@KNOBS.cached
+def _launch(problem, threads: int) -> _Launch:
+    """The :class:`_Launch` of ``problem`` on ``threads`` threads."""
+    blk, planes, tap_offsets, plan = _layout(problem, threads)
+    dtype = np.dtype(problem.dtype)
+    nkb = -(-problem.K_per_group // blk.KB)
+    plane_rows = _plane_rows(problem, planes, plan)
+    return _Launch(
+        blocking=blk, planes=planes, schedule=plan,
+        kernel=direct_kernel(problem.dtype, blk.KB, blk.QB, direct_vector_bytes()), tap_offsets=tap_offsets,
+        phases_h=np.asarray(planes.phases_h, dtype=np.int64), phases_w=np.asarray(planes.phases_w, dtype=np.int64),
+        plane_rows=plane_rows, band_rows=plan.band_rows(problem) + planes.halo,
+        group_stride=problem.C_per_group * planes.planes_per_channel * plane_rows * planes.Ws,
+        source_elements=planes.whole_elements(problem),
+        source_shape=(problem.N, problem.C, len(planes.phases_h), len(planes.phases_w), plane_rows, planes.Ws),
+        buffer_elements=_buffer_elements(problem, planes, plan, blk.QB),
+        no_buffers=np.empty((threads, 0), dtype=dtype),
+        wpack_shape=(problem.groups, nkb, problem.C_per_group * problem.R * problem.S, blk.KB),
+        zero_bias=np.zeros((problem.groups, nkb, blk.KB), dtype=dtype),
+    )
 
 
 def _run(problem, x, w, bias, y):
     """Pack the weights and run the kernel with numba's current thread count; fills ``y``."""
-    dtype = np.dtype(problem.dtype)
+    dtype = problem.dtype
     threads = thread_count()
-    blk, planes, tap_offsets, plan = _layout(problem, threads)
-    KB = blk.KB
-    groups = problem.groups
-    Kg = problem.K_per_group
-    nkb = -(-Kg // KB)
-    taps = problem.C_per_group * problem.R * problem.S
-    phases_h = np.asarray(planes.phases_h, dtype=np.int64)
-    phases_w = np.asarray(planes.phases_w, dtype=np.int64)
-
-    bufs = np.empty((threads, 0), dtype=dtype)
+    launch = _launch(problem, threads)
+    blk, planes, plan = launch.blocking, launch.planes, launch.schedule
+    bufs = launch.no_buffers
     if planes.source == "in place":
-        source, plane_rows = x.reshape(-1), problem.H
+        source = x.reshape(-1)
     elif planes.source == "whole":
-        plane_rows = problem.P + planes.halo
-        elements = planes.whole_elements(problem)
+        elements = launch.source_elements
         # A zero tail of QB elements: a block longer than a whole image reads into it.
         source = np.empty(elements + blk.QB, dtype=dtype)
         source[elements:] = 0
-        gather_source_planes(
-            x, phases_h, phases_w, problem.stride[0], problem.stride[1], problem.pad_top, problem.pad_left,
-            source[:elements].reshape(problem.N, problem.C, len(planes.phases_h), len(planes.phases_w),
-                                      plane_rows, planes.Ws),
-        )
+        gather_source_planes(x, launch.phases_h, launch.phases_w, problem.stride[0], problem.stride[1],
+                             problem.pad_top, problem.pad_left, source[:elements].reshape(launch.source_shape))
     else:
-        source, plane_rows = x.reshape(-1), plan.band_rows(problem) + planes.halo
+        source = x.reshape(-1)
         # Zeros: the tail past the planes must be finite for the blocks that read into it.
-        bufs = np.zeros((threads, _buffer_elements(problem, planes, plan, blk.QB)), dtype=dtype)
-    group_stride = problem.C_per_group * planes.planes_per_channel * plane_rows * planes.Ws
-    wpack = np.empty((groups, nkb, taps, KB), dtype=dtype)
-    pack_weights(w, KB, wpack)
-    bias_packed = np.zeros((groups, nkb * KB), dtype=dtype)
-    if bias is not None:
-        bias_packed[:, :Kg] = bias.reshape(groups, Kg)
-    bias_packed = bias_packed.reshape(groups, nkb, KB)
+        bufs = np.zeros((threads, launch.buffer_elements), dtype=dtype)
+    wpack = np.empty(launch.wpack_shape, dtype=dtype)
+    pack_weights(w, blk.KB, wpack)
+    if bias is None:
+        bias_packed = launch.zero_bias
+    else:
+        groups, nkb, KB = launch.zero_bias.shape
+        bias_packed = np.zeros((groups, nkb * KB), dtype=dtype)
+        bias_packed[:, :problem.K_per_group] = bias.reshape(groups, problem.K_per_group)
+        bias_packed = bias_packed.reshape(groups, nkb, KB)
     address = y.__array_interface__["data"][0]
     stream = plan.stream and address % problem.itemsize == 0
     y_misalign = (address % 64) // problem.itemsize
-
-    kernel = direct_kernel(problem.dtype, KB, blk.QB, direct_vector_bytes())
-    kernel(
-        x, source, groups * group_stride, group_stride, bufs, phases_h, phases_w,
-        problem.stride[0], problem.stride[1], problem.pad_top, problem.pad_left,
-        plan.band_rows(problem) + planes.halo, planes.Ws, tap_offsets, wpack, bias_packed,
+    launch.kernel(
+        x, source, problem.groups * launch.group_stride, launch.group_stride, bufs, launch.phases_h,
+        launch.phases_w, problem.stride[0], problem.stride[1], problem.pad_top, problem.pad_left,
+        launch.band_rows, planes.Ws, launch.tap_offsets, wpack, bias_packed,
         plan.images, plan.bands, plan.k_ranges, plan.rowwise, stream, y_misalign,
         threads, np.zeros(1, dtype=np.int64), y,
     )
