@@ -129,6 +129,46 @@ def test_a_smaller_workspace_cap_cuts_a_cached_plan_into_pieces():
     np.testing.assert_allclose(pieced, whole, rtol=1e-5, atol=1e-5)
 
 
+def test_a_smaller_workspace_cap_reaches_a_plan_that_already_ran(monkeypatch):
+    # A CPU plan keeps what its execution decides before the kernels per cap: the pieces must
+    # follow a cap lowered after the plan ran whole.
+    from convlib.dispatch.plan import Plan
+
+    x, w = _arrays((4, 3, 16, 16), (8, 3, 3, 3))
+    whole = convlib.conv2d(x, w, padding=1, algo="im2col")
+    pieced_runs = []
+    run_in_pieces = Plan._execute_in_pieces
+    monkeypatch.setattr(Plan, "_execute_in_pieces", lambda self, *a: pieced_runs.append(1) or run_in_pieces(self, *a))
+    convlib.conv2d(x, w, padding=1, algo="im2col")
+    assert not pieced_runs
+    with convlib.option_context(workspace_cap=8 * 1024):
+        pieced = convlib.conv2d(x, w, padding=1, algo="im2col")
+    assert pieced_runs
+    np.testing.assert_allclose(pieced, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_the_thread_count_read_follows_numba():
+    # convlib.cpu.threads reads numba's count without its locks: it must agree with numba on
+    # this thread, after a change, and on another thread (the count is per thread).
+    import threading
+
+    from convlib.cpu.threads import thread_count
+
+    threads = numba.get_num_threads()
+    assert thread_count() == threads
+    numba.set_num_threads(1)
+    try:
+        assert thread_count() == numba.get_num_threads() == 1
+        seen = []
+        worker = threading.Thread(target=lambda: seen.append((thread_count(), numba.get_num_threads())))
+        worker.start()
+        worker.join()
+        assert seen[0][0] == seen[0][1]
+    finally:
+        numba.set_num_threads(threads)
+    assert thread_count() == threads
+
+
 def test_backward_passes_are_cached_by_their_own_signatures():
     x, w = _arrays()
     dy = np.random.default_rng(1).standard_normal((2, 8, 9, 9)).astype(np.float32)

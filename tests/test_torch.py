@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 import convlib  # noqa: E402
 import convlib.torch as ct  # noqa: E402
+from convlib.cpu.tables import KNOBS  # noqa: E402
 
 OPS = torch.ops.convlib
 
@@ -163,6 +164,30 @@ def test_eager_path_matches_the_ops_without_calling_them(geometry, monkeypatch):
     y = ct.conv2d(x, w, b, stride, padding, dilation, groups)
     with pytest.raises(AssertionError, match="called a custom op"):
         torch.autograd.grad(y, (x, w, b), dy, create_graph=True)
+
+
+def test_layers_run_their_plans_only_on_what_the_key_describes():
+    # The eager path runs a plan under a key of its own for contiguous float32/float64 CPU
+    # tensors and int arguments; anything else goes through the public function and its checks.
+    x, w, b = (t.detach() for t in tensors())
+    ints = (1, 1, 1, 1, 1, 1, 1, 1, 1)
+    assert ct._plan_key("conv2d", (x, w, b), ints, "auto") is not None
+    assert ct._plan_key("conv2d", (x, w, None), ints, "auto") != ct._plan_key("conv2d", (x, w, b), ints, "auto")
+    assert ct._plan_key("conv2d", (x.float(), w.float(), b.float()), ints, "auto") != \
+        ct._plan_key("conv2d", (x, w, b), ints, "auto")
+    channels_last = x.to(memory_format=torch.channels_last)
+    assert ct._plan_key("conv2d", (channels_last, w, b), ints, "auto") is None
+    assert ct._plan_key("conv2d", (x, w, b), (1.0,) + ints[1:], "auto") is None
+    assert ct._plan_key("conv2d", (x, w, b), (True,) + ints[1:], "auto") is None
+    assert ct._plan_key("conv2d", (x.to(torch.bfloat16), w, b), ints, "auto") is None
+    with KNOBS.override(auto_direct_min_pixels=1):  # the knob state is part of the key
+        overridden = ct._plan_key("conv2d", (x, w, b), ints, "auto")
+    assert overridden != ct._plan_key("conv2d", (x, w, b), ints, "auto")
+    expected = torch.nn.functional.conv2d(x, w, b, 1, 1)
+    for inp in (x, channels_last, x, channels_last):  # each path twice: built, then cached
+        torch.testing.assert_close(ct.conv2d(inp, w, b, 1, 1), expected)
+    with pytest.raises(TypeError, match="stride"):  # a float stride reaches convlib's validation
+        ct.conv2d(x, w, b, (1.0, 1.0), 1)
 
 
 def test_vmap_takes_the_op():

@@ -1,14 +1,11 @@
 """The backward data pass by Winograd's minimal filtering (numba, CPU): ``winograd``,
 ``winograd2``, ``winograd4``.
 
-At stride 1 and dilation 1 the gradient of a convolution with respect to its input is itself a
-convolution: of ``dy`` (N, K, P, Q) with the filters rotated by 180 degrees and with their
-channel axes swapped per group, ``w'[g*Cg + c, k] = w[g*Kg + k, c, ::-1, ::-1]`` (C, K/groups, R,
-S), padded by ``R-1-top`` rows above, ``R-1-bottom`` below (and likewise columns), which gives
-exactly ``x``'s H x W. So a 3x3 layer's data pass runs the forward Winograd kernels of
-:mod:`convlib.cpu.winograd` (the same transforms, GEMM and workspace bound) on that problem, and
-``conv_transpose2d``'s bias is the forward's bias. Served when that padding is not negative
-(``padding <= R - 1`` on every side).
+At stride 1 and dilation 1 the data pass is a forward convolution of ``dy`` with the rotated
+filters (:mod:`convlib.cpu.rotation`), so a 3x3 layer's data pass runs the forward Winograd
+kernels of :mod:`convlib.cpu.winograd` (the same transforms, GEMM and workspace bound) on that
+problem, and ``conv_transpose2d``'s bias is the forward's bias. Served when the rotated padding is
+not negative (``padding <= R - 1`` on every side).
 
 Non-finite inputs: the rotated problem's padding multiplies ``w`` by zeros where the data pass
 has no product at all (``0 * inf`` would be NaN), and Winograd's transforms spread an ``inf``
@@ -19,30 +16,10 @@ every element the definition makes non-finite.
 
 from __future__ import annotations
 
-import numpy as np
-
-from ..core.problem import ConvProblem, make_problem
+from ..core.problem import ConvProblem
 from .exact import repair_nonfinite_input_gradient
+from .rotation import rotated_filters, rotated_problem
 from .winograd import F2, F4
-
-
-def rotated_problem(problem: ConvProblem) -> ConvProblem:
-    """The forward convolution whose output is ``dx``: input ``dy``, filters ``w'`` (see the
-    module docstring)."""
-    p = problem
-    R, S = p.R, p.S
-    top, bottom, left, right = p.padding
-    return make_problem(
-        (p.N, p.K, p.P, p.Q), (p.C, p.K_per_group, R, S), (p.C,) if p.has_bias else None, p.dtype, p.dtype,
-        p.dtype if p.has_bias else None, stride=1,
-        padding=(R - 1 - top, R - 1 - bottom, S - 1 - left, S - 1 - right), dilation=1, groups=p.groups)
-
-
-def rotated_filters(w: np.ndarray, groups: int) -> np.ndarray:
-    """``w'`` (C, K/groups, R, S) from ``w`` (K, C/groups, R, S)."""
-    K, Cg, R, S = w.shape
-    per_group = w.reshape(groups, K // groups, Cg, R, S)[:, :, :, ::-1, ::-1]
-    return np.ascontiguousarray(per_group.transpose(0, 2, 1, 3, 4).reshape(groups * Cg, K // groups, R, S))
 
 
 class _WinogradData:

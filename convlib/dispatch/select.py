@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..core.problem import ConvProblem
+from ..cpu.rotation import rotated_problem, runs_as_forward
 from ..cpu.tables import KNOBS as CPU_KNOBS
 from . import registry, tuning
 from .devices import ResolvedDevice
@@ -136,13 +137,22 @@ def _cpu_gradient_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # (im2col won some stage-5 layers), direct 5-20x slower than both; for the weight pass blis
     # beat im2col (BLAS on an explicit column matrix) on 22 of the 23 layers, by 1.14-2.39x, tied
     # on the stem, and direct was 5-20x slower than im2col. Winograd (the forward kernels on the
-    # rotated filters) beat blis on all four 3x3 stride-1 layers, 1.06-1.6x.
+    # rotated filters) beat blis on all four 3x3 stride-1 layers, 1.06-1.6x. Since direct's data
+    # pass at stride 1 runs the forward direct kernel on the rotated filters (Zen 5, 2026-11-27)
+    # it took 0.935 / 1.10 / 1.50 / 1.69x torch's time on those four layers, blis 1.41 / 1.31 /
+    # 1.22 / 1.38x (strided layers: the loops, 11-47x).
     if problem.operation == "conv2d_backward_data":
         rules = []
         if _winograd_pays(problem, CPU_KNOBS.auto_winograd_min_channels, CPU_KNOBS.auto_winograd_min_pixels,
                           CPU_KNOBS.auto_winograd_min_image):
             rules.append(("winograd", "backward data of a 3x3 stride-1 layer with many channels: the forward "
                                       "F(4x4,3x3) on the rotated filters"))
+        # At stride 1 the data pass is a forward convolution of dy (convlib.cpu.rotation), which
+        # direct runs on its forward kernel: where the forward's rules would run direct on that
+        # problem, so does the data pass (the digits CNN's 16->32 layer: 0.91x blis' time, Zen 5).
+        if runs_as_forward(problem) and _cpu_rules(rotated_problem(problem))[0][0] == "direct":
+            rules.append(("direct", "backward data at stride 1: the forward direct kernel on dy and the rotated "
+                                    "filters, where the forward's rules pick direct for that problem"))
         return rules + [("blis", "backward data: the GEMM W^T dY with col2im in its store (no column matrix)")]
     if problem.operation == "conv2d_backward_weight":
         return [("blis", "backward weight: the GEMM dY Cols^T, both packed from the tensors, the batch summed inside it")]
