@@ -106,10 +106,10 @@ def _plan(operation: str, arrays, device, algo, build_problem_of, key=None, **ar
 
 
 # The plans of the four operations' calls, for arrays already read as host (numpy) or device
-# arrays. The public functions run them; a caller that calls one layer many times with arguments
-# of its own making (convlib.torch) passes a ``key`` it builds faster than the call signature,
-# which must then say everything the plan is built from, and end with
-# convlib.dispatch.plan.host_state() (see plan_key).
+# arrays, kept in PLANS under the call signature or a ``key`` given instead. The public functions
+# run them; a caller that calls one layer many times with arguments of its own making
+# (convlib.torch) keeps them under a key it builds faster than the call signature, which must
+# then say everything the plan is built from and end with convlib.dispatch.plan.host_state().
 def plan_conv2d(x, w, bias, *, stride, padding, dilation, groups, algo, device, key=None):
     """The :class:`~convlib.dispatch.plan.Plan` that :func:`conv2d` runs for these arrays and arguments."""
     return _plan("conv2d", (x, w, bias), device, algo,
