@@ -619,11 +619,11 @@ def test_split_k_rule():
         with KNOBS.override(**knobs):
             assert choose_mma_split(s5, big, "float16", 132) == 1, knobs
     with KNOBS.override(mma_split_max=1):
-        assert choose_mma_tile(s5, "float16", 132, copies=True, splits=False).BM == 64
+        assert choose_mma_tile(s5, "float16", 132, copies=True, splits=False) == MmaTile(128, 64, 16, 64, 32, stages=3)
     s4 = ConvProblem(128, 256, 14, 14, 256, 3, 3, padding=(1, 1, 1, 1), dtype="float16")
     assert choose_mma_split(s4, big, "float16", 132) == 1  # 392 blocks whole
     # 64 steps in float16: parts of 32 steps at most two, which fill no more: the tile stays
-    # the smaller one; 128 in TF32: four parts
+    # a smaller one (test_mma_tile_choice); 128 in TF32: four parts
     deep_1x1 = ConvProblem(128, 2048, 7, 7, 512, 1, 1, dtype="float16")
     assert choose_mma_split(deep_1x1, big, "float16", 132) == 1
     assert (choose_mma_tile(deep_1x1, "float16", 132, copies=True, splits=True)
@@ -631,6 +631,33 @@ def test_split_k_rule():
     assert choose_mma_split(replace(deep_1x1, dtype="float32"), big, "tf32", 132) == 4
     source, _ = channels_last_source(shape_key(s4), big, "float16", simulator=True)
     assert "SPLITS" not in source and "part" not in source
+
+
+def test_mma_tile_choice():
+    """The tensor-core tile on an H200's 132 SMs: 128 x 128 wherever its grid (split or not)
+    gives every SM two blocks; where it does not, 128 x 64 before 64 x 128 (docs/gpu.md,
+    "Tile choice"): ResNet-50's float16 7x7 1x1 2048>512 layer at batch 128 (196 blocks of
+    128 x 128, 64 steps: too few to split) takes 128 x 64 whole, copied by cp.async in the
+    channels-last kernel and register-staged where the kernel does not copy; 64 filters keep
+    64 x 128, and a grid too small for two blocks an SM anyway takes the tile of most blocks."""
+    from convlib.cuda.tiles import choose_mma_split, choose_mma_tile
+
+    wide = MmaTile(BM=128, BN=64, BKW=16, WM=64, WN=32)
+    deep_1x1 = ConvProblem(128, 2048, 7, 7, 512, 1, 1, dtype="float16")
+    for precision in ("float16", "bfloat16"):
+        problem = replace(deep_1x1, dtype=precision)
+        assert choose_mma_tile(problem, precision, 132, copies=True, splits=True) == wide.with_stages(3)
+        assert choose_mma_split(problem, wide.with_stages(3), precision, 132) == 1  # 392 blocks: a wave
+        assert choose_mma_tile(problem, precision, 132) == wide
+    # TF32: 128 steps, so 128 x 128 in 4 parts fills the waves
+    assert choose_mma_tile(replace(deep_1x1, dtype="float32"), "tf32", 132, copies=True, splits=True).BM == 128
+    # a grid of a wave or more keeps 128 x 128 (stage 4's 3x3: 392 blocks)
+    s4 = ConvProblem(128, 256, 14, 14, 256, 3, 3, padding=(1, 1, 1, 1), dtype="float16")
+    assert choose_mma_tile(s4, "float16", 132, copies=True, splits=True) == MmaTile(128, 128, 16, 64, 64)
+    narrow = ConvProblem(128, 256, 56, 56, 64, 1, 1, dtype="float16")  # 64 filters: 3136 blocks of 64 x 128
+    assert choose_mma_tile(narrow, "float16", 132, copies=True) == MmaTile(64, 128, 16, 32, 32, stages=3)
+    tiny = ConvProblem(1, 512, 7, 7, 512, 1, 1, dtype="float16")  # one image: 16 blocks of 32 x 128, the most
+    assert choose_mma_tile(tiny, "float16", 132, copies=True) == MmaTile(32, 128, 16, 32, 32, stages=3)
 
 
 def test_in_place_kernel_rejects_a_tile_whose_pixel_units_do_not_divide():

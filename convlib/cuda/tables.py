@@ -228,12 +228,18 @@ _GEMM_TILES = {
 #: Tensor-core tiles per precision, in order of preference (the same rule as ``gemm_tiles``).
 #: On an H200 (docs/gpu.md), 4 warps of 64x64 (128 accumulators per thread) on 128x128 beat 8
 #: warps of 64x32 on ResNet-50's 3x3 and 1x1 layers in TF32 and float16 (0.18 against 0.21 ms on
-#: the 28^2 3x3 layer, float16); 64x128 serves 64 filters.
+#: the 28^2 3x3 layer, float16); 64x128 serves 64 filters. Where 128 x 128 gives too few
+#: blocks, 128 x 64 comes before 64 x 128: forced on ResNet-50's 19 layers of 128 or more
+#: filters at batch 128 (H200, float16, 2026-11-27, .device/tile_choice.py), it ran 1.11x as
+#: fast (geomean; 1x1 layers 1.15x, 3x3 1.03x, four 3x3 layers of stages 3-4 1-7% slower),
+#: both staged by cp.async or both through registers; the one layer the chooser gives up
+#: 128 x 128 on (float16 7x7 1x1 2048>512: 196 blocks, too few steps to split) 0.107 -> 0.098
+#: ms (bfloat16 0.105 -> 0.096; whole 128 x 128 0.102; docs/gpu.md).
 _REGISTER_STAGED_TILES = (
     MmaTile(BM=128, BN=128, BKW=16, WM=64, WN=64),
     MmaTile(BM=128, BN=128, BKW=16, WM=64, WN=32),
-    MmaTile(BM=64, BN=128, BKW=16, WM=32, WN=32),
     MmaTile(BM=128, BN=64, BKW=16, WM=64, WN=32),
+    MmaTile(BM=64, BN=128, BKW=16, WM=32, WN=32),
     MmaTile(BM=64, BN=64, BKW=16, WM=32, WN=32),
     MmaTile(BM=32, BN=128, BKW=16, WM=32, WN=32),
 )
