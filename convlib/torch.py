@@ -44,7 +44,7 @@ from .api import (
     plan_backward_bias, plan_backward_data, plan_backward_weight, plan_conv2d,
 )
 from .core.problem import padding_sides
-from .dispatch.plan import PLANS, host_state
+from .dispatch.plan import host_state
 
 __all__ = ["Conv2d", "conv2d"]
 
@@ -138,16 +138,32 @@ def _plan_key(operation: str, tensors, arguments: tuple, algo: str):
     return ("convlib.torch", operation, tuple(described), arguments, algo, *host_state())
 
 
-def _planned(plan_of, operation, tensors, arguments, algo, **keywords):
-    """The result of ``operation`` on ``tensors`` by its plan (see above), or None when the call
-    takes the public function's path. ``plan_of`` is convlib's plan function for the operation,
-    ``arguments`` the call's sizes and geometry as :func:`_plan_key` takes them, ``keywords``
-    the plan function's arguments besides the arrays."""
-    key = _plan_key(operation, tensors, arguments, algo)
+#: Per operation: convlib's public function and the function of the plan it runs.
+_OPERATIONS = {
+    "conv2d": (_convlib_conv2d, plan_conv2d),
+    "conv2d_backward_data": (_convlib_backward_data, plan_backward_data),
+    "conv2d_backward_weight": (_convlib_backward_weight, plan_backward_weight),
+    "conv2d_backward_bias": (_convlib_backward_bias, plan_backward_bias),
+}
+
+
+def _computed(operation: str, tensors, shape, geometry, algo: str) -> Tensor:
+    """``operation`` on ``tensors`` (its arrays, None for a missing bias), ``shape`` (a backward
+    pass's shape argument, else None) and the forward's ``geometry`` (``(stride, padding,
+    dilation, groups)``; None for the bias gradient): by its plan straight on the tensors'
+    memory where :func:`_plan_key` gives a key, else by the public function."""
+    public, plan_of = _OPERATIONS[operation]
+    sizes = () if shape is None else (tuple(shape),)
+    keywords, flat = {}, ()
+    if geometry is not None:
+        stride, padding, dilation, groups = geometry
+        keywords = _geometry(stride, padding, dilation, groups)
+        flat = (*stride, *padding, *dilation, groups)
+    key = _plan_key(operation, tensors, (*sizes[0], *flat) if sizes else flat, algo)
     if key is None:
-        return None
+        return _tensor(public(*map(_host, tensors), *sizes, **keywords, algo=algo))
     arrays = [None if t is None else t.detach().numpy() for t in tensors]
-    plan = PLANS.get(key, lambda: plan_of(*arrays, algo=algo, device=None, **keywords))
+    plan = plan_of(*arrays, *sizes, algo=algo, device=None, key=key, **keywords)
     return torch.from_numpy(plan.execute(*arrays))
 
 
@@ -156,38 +172,19 @@ def _planned(plan_of, operation, tensors, arguments, algo, **keywords):
 # ------------------------------------------------------------------------------------------
 # The computations, as plain functions: the ops' bodies, and what the eager path calls directly.
 def _forward_values(x, w, bias, stride, padding, dilation, groups, algo) -> Tensor:
-    geometry = _geometry(stride, padding, dilation, groups)
-    y = _planned(plan_conv2d, "conv2d", (x, w, bias), (*stride, *padding, *dilation, groups), algo, **geometry)
-    if y is None:
-        y = _tensor(_convlib_conv2d(_host(x), _host(w), _host(bias), **geometry, algo=algo))
-    return y
+    return _computed("conv2d", (x, w, bias), None, (stride, padding, dilation, groups), algo)
 
 
 def _backward_data_values(dy, w, x_shape, stride, padding, dilation, groups, algo) -> Tensor:
-    geometry = _geometry(stride, padding, dilation, groups)
-    x_shape = tuple(x_shape)
-    dx = _planned(plan_backward_data, "conv2d_backward_data", (dy, w),
-                  (*x_shape, *stride, *padding, *dilation, groups), algo, x_shape=x_shape, **geometry)
-    if dx is None:
-        dx = _tensor(_convlib_backward_data(_host(dy), _host(w), x_shape, **geometry, algo=algo))
-    return dx
+    return _computed("conv2d_backward_data", (dy, w), x_shape, (stride, padding, dilation, groups), algo)
 
 
 def _backward_weight_values(x, dy, w_shape, stride, padding, dilation, groups, algo) -> Tensor:
-    geometry = _geometry(stride, padding, dilation, groups)
-    w_shape = tuple(w_shape)
-    dw = _planned(plan_backward_weight, "conv2d_backward_weight", (x, dy),
-                  (*w_shape, *stride, *padding, *dilation, groups), algo, w_shape=w_shape, **geometry)
-    if dw is None:
-        dw = _tensor(_convlib_backward_weight(_host(x), _host(dy), w_shape, **geometry, algo=algo))
-    return dw
+    return _computed("conv2d_backward_weight", (x, dy), w_shape, (stride, padding, dilation, groups), algo)
 
 
 def _backward_bias_values(dy, algo) -> Tensor:
-    db = _planned(plan_backward_bias, "conv2d_backward_bias", (dy,), (), algo)
-    if db is None:
-        db = _tensor(_convlib_backward_bias(_host(dy), algo=algo))
-    return db
+    return _computed("conv2d_backward_bias", (dy,), None, None, algo)
 
 
 @torch.library.custom_op("convlib::conv2d", mutates_args=())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field, fields, replace
+import functools
 from functools import cached_property
 
 import numpy as np
@@ -566,3 +567,32 @@ def make_transpose_problem(x_shape, w_shape, bias_shape, x_dtype, w_dtype, bias_
     problem = make_problem((N, C_out, H_out, W_out), w_shape, None, x_dtype, w_dtype, stride=stride_p,
                            padding=padding_p, dilation=dilation_p, groups=groups, x_name="the output")
     return replace(problem, operation="conv2d_backward_data", has_bias=bias_shape is not None)
+
+
+# The backward data pass of a stride-1 convolution as a forward one. At stride 1 and dilation 1
+# the gradient with respect to the input is a convolution of ``dy`` (N, K, P, Q) with the filters
+# rotated by 180 degrees and their channel axes swapped per group (``w'[g*Cg + c, k] =
+# w[g*Kg + k, c, ::-1, ::-1]``, shape (C, K/groups, R, S); convlib.cpu.rotation), padded by
+# ``R-1-top`` rows above, ``R-1-bottom`` below and likewise columns, which gives exactly ``x``'s
+# H x W; conv_transpose2d's bias is that forward's bias. The CPU's winograd and direct run their
+# data passes so, on their forward kernels.
+def runs_as_forward(problem: ConvProblem) -> bool:
+    """Whether the data pass of ``problem`` is the forward convolution of :func:`rotated_problem`
+    (stride 1, dilation 1, a rotated padding that is not negative)."""
+    top, bottom, left, right = problem.padding
+    return (problem.stride == (1, 1) and problem.dilation == (1, 1)
+            and max(top, bottom) <= problem.R - 1 and max(left, right) <= problem.S - 1)
+
+
+@functools.lru_cache(maxsize=256)
+def rotated_problem(problem: ConvProblem) -> ConvProblem:
+    """The forward convolution whose output is the data pass's ``dx``: input ``dy``, filters
+    ``w'`` (see above). Kept per problem: building and validating one takes longer than a small
+    layer's kernel."""
+    p = problem
+    R, S = p.R, p.S
+    top, bottom, left, right = p.padding
+    return make_problem(
+        (p.N, p.K, p.P, p.Q), (p.C, p.K_per_group, R, S), (p.C,) if p.has_bias else None, p.dtype, p.dtype,
+        p.dtype if p.has_bias else None, stride=1,
+        padding=(R - 1 - top, R - 1 - bottom, S - 1 - left, S - 1 - right), dilation=1, groups=p.groups)

@@ -286,12 +286,13 @@ def workspace_bytes(problem, device=None) -> int:
     counted; they are the size of ``w``.
     """
     threads = thread_count() if problem.flops >= KNOBS.direct_serial_below_flops else 1
-    blk, planes, _, plan = _layout(problem, threads)
-    if planes.source == "in place":
+    launch = _launch(problem, threads)
+    source = launch.planes.source
+    if source == "in place":
         return 0
-    if planes.source == "whole":
-        return (planes.whole_elements(problem) + blk.QB) * problem.itemsize
-    return threads * _buffer_elements(problem, planes, plan, blk.QB) * problem.itemsize
+    if source == "whole":
+        return (launch.source_elements + launch.blocking.QB) * problem.itemsize
+    return threads * launch.buffer_elements * problem.itemsize
 
 
 # ------------------------------------------------------------------------------------------
@@ -652,23 +653,6 @@ def run(problem, x, w, bias, device):
     return y
 
 
-@KNOBS.cached
-def _layout(problem, threads: int):
-    """``(blocking, planes, tap offsets, schedule)`` of a call: what :func:`_run` computes
-    before its kernels, in Python (longer than a small layer's kernel), once per problem, thread
-    count and knob state. The offsets are read, never written, by the kernel."""
-    blk = choose_blocking(problem)
-    planes = _planes(problem, blk.QB)
-    plan = schedule(problem, blk, threads)
-    return blk, planes, _tap_offsets(problem, planes, _plane_rows(problem, planes, plan)), plan
-
-
-def _plane_rows(problem, planes: _Planes, plan: Schedule) -> int:
-    """Rows of one source plane: x's own, the whole planes', or a work item's gathered ones."""
-    return {"in place": problem.H, "whole": problem.P + planes.halo,
-            "per item": plan.band_rows(problem) + planes.halo}[planes.source]
-
-
 @dataclass(frozen=True)
 class _Launch:
     """Everything of a call of :func:`_run` but its arrays, computed once per problem, thread
@@ -683,7 +667,6 @@ class _Launch:
     tap_offsets: np.ndarray
     phases_h: np.ndarray  # int64
     phases_w: np.ndarray
-    plane_rows: int  # rows of a source plane
     band_rows: int  # rows a work item's gathered planes hold
     group_stride: int  # elements between groups in the source
     source_elements: int  # of the whole planes ("whole"), without their zero tail
@@ -696,16 +679,22 @@ class _Launch:
 
 @KNOBS.cached
 def _launch(problem, threads: int) -> _Launch:
-    """The :class:`_Launch` of ``problem`` on ``threads`` threads."""
-    blk, planes, tap_offsets, plan = _layout(problem, threads)
+    """The :class:`_Launch` of ``problem`` on ``threads`` threads: the block, the source planes
+    and the schedule, then what follows from them."""
+    blk = choose_blocking(problem)
+    planes = _planes(problem, blk.QB)
+    plan = schedule(problem, blk, threads)
     dtype = np.dtype(problem.dtype)
     nkb = -(-problem.K_per_group // blk.KB)
-    plane_rows = _plane_rows(problem, planes, plan)
+    # Rows of one source plane: x's own, the whole planes', or a work item's gathered ones.
+    plane_rows = {"in place": problem.H, "whole": problem.P + planes.halo,
+                  "per item": plan.band_rows(problem) + planes.halo}[planes.source]
     return _Launch(
         blocking=blk, planes=planes, schedule=plan,
-        kernel=direct_kernel(problem.dtype, blk.KB, blk.QB, direct_vector_bytes()), tap_offsets=tap_offsets,
+        kernel=direct_kernel(problem.dtype, blk.KB, blk.QB, direct_vector_bytes()),
+        tap_offsets=_tap_offsets(problem, planes, plane_rows),
         phases_h=np.asarray(planes.phases_h, dtype=np.int64), phases_w=np.asarray(planes.phases_w, dtype=np.int64),
-        plane_rows=plane_rows, band_rows=plan.band_rows(problem) + planes.halo,
+        band_rows=plan.band_rows(problem) + planes.halo,
         group_stride=problem.C_per_group * planes.planes_per_channel * plane_rows * planes.Ws,
         source_elements=planes.whole_elements(problem),
         source_shape=(problem.N, problem.C, len(planes.phases_h), len(planes.phases_w), plane_rows, planes.Ws),

@@ -9,7 +9,8 @@
   multiply-adds. A block of :data:`CHANNEL_BLOCK` rows of ``dx`` (channels of one group)
   shares every ``dy`` row it reads; a task is one (image, channel block), and the threads share
   the tasks. At stride 1 and dilation 1 (padding at most ``R - 1``, ``S - 1``) the gather form
-  is the forward convolution of ``dy`` with the rotated filters (:mod:`convlib.cpu.rotation`),
+  is the forward convolution of ``dy`` with the rotated filters
+  (:func:`convlib.core.problem.rotated_problem`),
   and runs the forward's register-blocked kernel (:mod:`convlib.cpu.direct`) instead; a
   non-finite ``w`` meets the rotated problem's padding zeros there, and the elements that come
   out non-finite are recomputed by the definition.
@@ -33,11 +34,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..core.problem import ConvProblem
+from ..core.problem import ConvProblem, rotated_problem, runs_as_forward
 from . import direct
 from .clipping import positions_inside
 from .exact import repair_nonfinite_input_gradient
-from .rotation import rotated_problem, runs_as_forward
+from .rotation import rotated_filters
 
 #: Rows of ``dx`` (channels of one group) computed together, sharing each ``dy`` row they read.
 CHANNEL_BLOCK = 4
@@ -169,28 +170,6 @@ def backward_weight_kernel(x, dy, stride_h, stride_w, pad_top, pad_left, dil_h, 
                     dw[k, task % Cg, r, s] += _padding_products(dy, k, r * dil_h - pad_top, stride_h, H, q_lo, q_hi)
 
 
-@njit(cache=True)
-def rotate_filters(w, groups, out):
-    """``out = rotated_filters(w, groups)`` (:mod:`convlib.cpu.rotation`) in one pass, which also
-    tells whether every element of ``w`` is finite (a small layer's call spent longer on numpy's
-    transpose, copy and finiteness test than on its kernel).
-
-    w : (K, C/groups, R, S) IN;  out : (C, K/groups, R, S) OUT
-    """
-    K, Cg, R, S = w.shape
-    Kg = K // groups
-    finite = True
-    for g in range(groups):
-        for k in range(Kg):
-            for c in range(Cg):
-                for r in range(R):
-                    for s_ in range(S):
-                        v = w[g * Kg + k, c, r, s_]
-                        finite = finite and np.isfinite(v)
-                        out[g * Cg + c, k, R - 1 - r, S - 1 - s_] = v
-    return finite
-
-
 class _Direct:
     """The implementation contract for one backward pass (see the module docstring)."""
 
@@ -218,8 +197,7 @@ class _Direct:
                 # The gather form is then the forward direct convolution of dy with the rotated
                 # filters: its register-blocked kernel instead of the loops below (the digits
                 # CNN's 16->32 layer: 0.91x blis' time, against 5-20x for the loops).
-                w_rotated = np.empty((p.C, p.K_per_group, p.R, p.S), p.dtype)
-                finite = rotate_filters(w, p.groups, w_rotated)
+                w_rotated, finite = rotated_filters(w, p.groups)
                 dx = direct.run(rotated_problem(p), dy, w_rotated, bias, None)
                 if not finite:  # 0 * inf in the rotated problem's padding
                     repair_nonfinite_input_gradient(p, dy, w, bias, dx)

@@ -2,7 +2,7 @@
 ``winograd2``, ``winograd4``.
 
 At stride 1 and dilation 1 the data pass is a forward convolution of ``dy`` with the rotated
-filters (:mod:`convlib.cpu.rotation`), so a 3x3 layer's data pass runs the forward Winograd
+filters (:func:`convlib.core.problem.rotated_problem`, :mod:`convlib.cpu.rotation`), so a 3x3 layer's data pass runs the forward Winograd
 kernels of :mod:`convlib.cpu.winograd` (the same transforms, GEMM and workspace bound) on that
 problem, and ``conv_transpose2d``'s bias is the forward's bias. Served when the rotated padding is
 not negative (``padding <= R - 1`` on every side).
@@ -16,9 +16,9 @@ every element the definition makes non-finite.
 
 from __future__ import annotations
 
-from ..core.problem import ConvProblem
+from ..core.problem import ConvProblem, rotated_problem
 from .exact import repair_nonfinite_input_gradient
-from .rotation import rotated_filters, rotated_problem
+from .rotation import rotated_filters
 from .winograd import F2, F4
 
 
@@ -43,7 +43,7 @@ class _WinogradData:
         return self.forward.workspace_bytes(rotated_problem(problem)) + problem.K * problem.gemm_k * problem.itemsize
 
     def run(self, problem: ConvProblem, dy, w, bias, device=None):
-        dx = self.forward.run(rotated_problem(problem), dy, rotated_filters(w, problem.groups), bias)
+        dx = self.forward.run(rotated_problem(problem), dy, rotated_filters(w, problem.groups)[0], bias)
         repair_nonfinite_input_gradient(problem, dy, w, bias, dx)
         return dx
 

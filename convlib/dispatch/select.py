@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..core.problem import ConvProblem
-from ..cpu.rotation import rotated_problem, runs_as_forward
+from ..core.problem import ConvProblem, rotated_problem, runs_as_forward
 from ..cpu.tables import KNOBS as CPU_KNOBS
 from . import registry, tuning
 from .devices import ResolvedDevice
@@ -147,7 +146,7 @@ def _cpu_gradient_rules(problem: ConvProblem) -> list[tuple[str, str]]:
                           CPU_KNOBS.auto_winograd_min_image):
             rules.append(("winograd", "backward data of a 3x3 stride-1 layer with many channels: the forward "
                                       "F(4x4,3x3) on the rotated filters"))
-        # At stride 1 the data pass is a forward convolution of dy (convlib.cpu.rotation), which
+        # At stride 1 the data pass is a forward convolution of dy (core.problem.rotated_problem), which
         # direct runs on its forward kernel: where the forward's rules would run direct on that
         # problem, so does the data pass (the digits CNN's 16->32 layer: 0.91x blis' time, Zen 5).
         if runs_as_forward(problem) and _cpu_rules(rotated_problem(problem))[0][0] == "direct":
