@@ -186,7 +186,8 @@ def test_channel_blocks_match_reference(case, band_bytes, dtype, window, rng):
     problem = problem_for(case, dtype)
     x, w, b = random_arrays(rng, problem)
     copies = x.copy(), w.copy(), b.copy()
-    knobs = {"depthwise_channel_block_min_filters": 1, "depthwise_channel_block_window": window}
+    knobs = {"depthwise_channel_block_min_filters": 1, "depthwise_whole_plane_max_positions": 0,
+             "depthwise_channel_block_window": window}
     if band_bytes is not None:
         knobs["depthwise_channel_block_bytes"] = band_bytes
     with KNOBS.override(**knobs):
@@ -210,14 +211,41 @@ def test_channel_blocks_serve_wide_layers(case, dtype, rng):
     """Enough filters for whole blocks: the transposed copies in and out, and their remainders."""
     C, H, W, stride, padding = WIDE_CASES[case]
     problem = ConvProblem(3, C, H, W, C, 3, 3, stride, padding, (1, 1), C, dtype, True)
-    assert depthwise.uses_channel_blocks(problem)
     x, w, b = random_arrays(rng, problem)
-    y = depthwise.run(problem, x, w, b)
+    with KNOBS.override(depthwise_whole_plane_max_positions=0):
+        assert depthwise.uses_channel_blocks(problem)
+        y = depthwise.run(problem, x, w, b)
     assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[dtype]
     with KNOBS.override(depthwise_channel_block_min_filters=1 << 30):
         assert not depthwise.uses_channel_blocks(problem)
         np.testing.assert_allclose(depthwise.run(problem, x, w, b), y, rtol=1e-5 if dtype == "float32" else 1e-12,
                                    atol=1e-5 if dtype == "float32" else 1e-12)
+
+
+# (C, H, W, stride, padding) -> the way that serves it with the built-in knobs.
+WAY_CASES = {
+    "mobilenet-14x14": ((96, 14, 14, (1, 1), (1, 1, 1, 1)), "whole planes"),
+    "mobilenet-7x7": ((40, 7, 7, (1, 1), (1, 1, 1, 1)), "whole planes"),
+    "mobilenet-14x14-stride2": ((48, 14, 14, (2, 2), (1, 1, 1, 1)), "channel blocks"),
+    "mobilenet-56x56": ((16, 56, 56, (1, 1), (1, 1, 1, 1)), "channel blocks"),
+    "14x14-valid": ((32, 14, 14, (1, 1), (0, 0, 0, 0)), "channel blocks"),  # output smaller than the image
+}
+
+
+@pytest.mark.parametrize("case", list(WAY_CASES))
+def test_small_stride_one_planes_take_whole_planes(case, rng):
+    """Many filters on small stride-1 planes (up to ``depthwise_whole_plane_max_positions``) take the
+    whole-plane way, the rest channel blocks; both match the reference and each other."""
+    (C, H, W, stride, padding), way = WAY_CASES[case]
+    problem = ConvProblem(2, C, H, W, C, 3, 3, stride, padding, (1, 1), C, "float64", True)
+    assert depthwise.uses_channel_blocks(problem) == (way == "channel blocks")
+    assert depthwise.uses_whole_planes(problem) == (way == "whole planes" or stride == (1, 1) and padding[0] == 1)
+    x, w, b = random_arrays(rng, problem)
+    y = depthwise.run(problem, x, w, b)
+    assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float64"]
+    with KNOBS.override(depthwise_whole_plane_max_positions=0):
+        assert depthwise.uses_channel_blocks(problem)
+        np.testing.assert_allclose(depthwise.run(problem, x, w, b), y, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("bad", [np.inf, np.nan])

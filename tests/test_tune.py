@@ -245,24 +245,31 @@ def test_tune_writes_a_profile_that_the_next_process_uses(profile_env):
 
 
 def test_depthwise_search_picks_among_its_candidates_and_stays_correct(profile_env, rng):
-    # A channel-blocked layer (K >= depthwise_channel_block_min_filters), one timed call per variant.
-    shape = ("dw 3x3 32 9^2", 1, 32, 9, 9, 32, 3, 3, 1, 1, 32)
+    # A small stride-1 layer (the plane-size pick) and a channel-blocked one (K >=
+    # depthwise_channel_block_min_filters, stride 2; the other two picks), one timed call per variant.
+    shapes = (("dw 3x3 32 9^2", 1, 32, 9, 9, 32, 3, 3, 1, 1, 32), ("dw 3x3/2 32 9^2", 1, 32, 9, 9, 32, 3, 3, 2, 1, 32))
     ways, band = KNOBS.depthwise_channel_block_ways, KNOBS.depthwise_channel_block_bytes
+    positions = KNOBS.depthwise_whole_plane_max_positions
     tried_ways = search.depthwise_ways_candidates(ways, full=False)
     tried_bands = {band, *(int(band * f) for f in search.DEPTHWISE_BAND_FACTORS["quick"])}
-    found = search.search_depthwise(search.Measurer(repeats=1, max_seconds=0.05), (shape,), full=False)
+    found = search.search_depthwise(search.Measurer(repeats=1, max_seconds=0.05), shapes, full=False)
     assert isinstance(found, search.Found)
-    assert set(found.knobs) <= {"depthwise_channel_block_ways", "depthwise_channel_block_bytes"}
+    assert set(found.knobs) <= {"depthwise_whole_plane_max_positions", "depthwise_channel_block_ways",
+                                "depthwise_channel_block_bytes"}
+    assert found.knobs.get("depthwise_whole_plane_max_positions", positions) in {
+        *search.DEPTHWISE_WHOLE_PLANE_POSITIONS, positions}
+    assert found.record["depthwise whole planes"][0]["shapes"] == ["dw 3x3 32 9^2"]
     assert found.knobs.get("depthwise_channel_block_ways", ways) in tried_ways
     assert found.knobs.get("depthwise_channel_block_bytes", band) in tried_bands
-    assert {"depthwise ways", "depthwise band"} <= set(found.record) and len(found.lines) == 2
-    _, N, C, H, W, K, R, S, stride, pad, groups = shape
-    x = rng.standard_normal((N, C, H, W)).astype(np.float32)
-    w = rng.standard_normal((K, C // groups, R, S)).astype(np.float32)
-    expected = conv2d_reference(x, w, None, stride=(stride, stride), padding=(pad,) * 4, groups=groups)
-    with KNOBS.override(**found.knobs):
-        got = convlib.conv2d(x, w, stride=stride, padding=pad, groups=groups, algo="depthwise", device="cpu")
-    assert relative_error(got, expected) < TOLERANCE["float32"]
+    assert {"depthwise ways", "depthwise band"} <= set(found.record) and len(found.lines) == 3
+    for shape in shapes:
+        _, N, C, H, W, K, R, S, stride, pad, groups = shape
+        x = rng.standard_normal((N, C, H, W)).astype(np.float32)
+        w = rng.standard_normal((K, C // groups, R, S)).astype(np.float32)
+        expected = conv2d_reference(x, w, None, stride=(stride, stride), padding=(pad,) * 4, groups=groups)
+        with KNOBS.override(**found.knobs):
+            got = convlib.conv2d(x, w, stride=stride, padding=pad, groups=groups, algo="depthwise", device="cpu")
+        assert relative_error(got, expected) < TOLERANCE["float32"]
 
 
 def test_tune_refuses_an_unknown_mode():

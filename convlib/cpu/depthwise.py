@@ -7,11 +7,11 @@ kernel's job is to touch each byte once, which the general algorithms do not do 
 register block holds one channel (its blocks are built for many) and copies the whole input with
 its padding first; blis and im2col pack or gather R*S copies of the image.
 
-Four ways through: by the number of filters (:func:`uses_channel_blocks`), then by the plane's
-geometry (:func:`uses_whole_planes`, :func:`uses_gathered_planes`, else bands):
+Four ways through: by the number of filters and the plane's size (:func:`uses_channel_blocks`),
+then by the plane's geometry (:func:`uses_whole_planes`, :func:`uses_gathered_planes`, else bands):
 
 *Channel blocks* (``K >= depthwise_channel_block_min_filters``: the depthwise layers of networks,
-any geometry): a vector holds 64 bytes of channels of one position, not positions of one channel.
+any geometry but small stride-1 planes, which the whole planes below serve faster): a vector holds 64 bytes of channels of one position, not positions of one channel.
 A band's input rows are transposed into a zero-padded buffer of channel vectors, every output
 position is ``R*S`` vector FMAs (at column strides 1 and 2, a few positions at a time from a
 window of each filter row's input vectors loaded once: :func:`_window_step`), and the outputs are
@@ -625,8 +625,14 @@ def channel_lanes(itemsize: int) -> int:
 def uses_channel_blocks(problem: ConvProblem) -> bool:
     """True when the channel-blocked way serves ``problem``: at least
     ``depthwise_channel_block_min_filters`` filters, so blocks of whole vectors of channels are
-    mostly full (one-channel image filters keep the ways that vectorise along the width)."""
-    return problem.K >= KNOBS.depthwise_channel_block_min_filters
+    mostly full (one-channel image filters keep the ways that vectorise along the width), unless
+    the whole-plane way serves it with planes of at most ``depthwise_whole_plane_max_positions``
+    positions: there a plane is a few blocks of one run per tap, read in place, where the channel
+    blocks transpose every element in and out (MobileNetV2's 14x14 stride-1 layers took half the
+    time by whole planes, its 7x7 one the same)."""
+    if problem.K < KNOBS.depthwise_channel_block_min_filters:
+        return False
+    return not (problem.H * problem.W <= KNOBS.depthwise_whole_plane_max_positions and uses_whole_planes(problem))
 
 
 def channel_block_geometry(problem: ConvProblem) -> tuple[int, int, int]:

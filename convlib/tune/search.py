@@ -21,6 +21,7 @@ import numpy as np
 
 from ..api import build_problem
 from ..core.timing import time_interleaved
+from ..cpu.depthwise import uses_channel_blocks
 from ..cpu.isa import cache_sizes, host_isa
 from ..cpu.tables import KNOBS, BlisBlocking, blis_blocking, direct_blockings, direct_isa
 from ..dispatch import registry
@@ -52,6 +53,10 @@ DEPTHWISE_WAYS = (1, 2, 4, 8)
 #: Factors of the band budget ``depthwise_channel_block_bytes`` tried, per mode (a run-time value:
 #: no compile).
 DEPTHWISE_BAND_FACTORS = {"quick": (0.5, 2.0, 4.0), "full": (0.25, 0.5, 2.0, 4.0)}
+
+#: Values of ``depthwise_whole_plane_max_positions`` tried (which small stride-1 planes leave the
+#: channel blocks for the whole-plane way): none, 16x16, 32x32 and 64x64 planes.
+DEPTHWISE_WHOLE_PLANE_POSITIONS = (0, 256, 1024, 4096)
 
 
 @dataclass
@@ -277,14 +282,16 @@ def depthwise_ways_candidates(current: int, *, full: bool) -> tuple[int, ...]:
 
 
 def search_depthwise(measurer: Measurer, shapes, *, full: bool) -> Found:
-    """The channel-blocked depthwise way's output positions per step and band size (float32).
+    """Which small stride-1 planes depthwise computes as whole planes, then the channel-blocked
+    way's output positions per step and band size (float32).
 
     Parameters
     ----------
     measurer : Measurer
     shapes : sequence of shape tuples
         Depthwise layers (``groups == C``) with at least ``depthwise_channel_block_min_filters``
-        filters, so that ``algo="depthwise"`` takes the channel-blocked way.
+        filters; the positions per step and the band are measured on those the channel-blocked
+        way serves once the plane size is chosen.
     full : bool
         Try every value of :data:`DEPTHWISE_WAYS` and the wider factors of
         :data:`DEPTHWISE_BAND_FACTORS`.
@@ -292,10 +299,27 @@ def search_depthwise(measurer: Measurer, shapes, *, full: bool) -> Found:
     Returns
     -------
     Found
-        ``depthwise_channel_block_ways`` and ``depthwise_channel_block_bytes`` where they beat the
-        values in force.
+        ``depthwise_whole_plane_max_positions``, ``depthwise_channel_block_ways`` and
+        ``depthwise_channel_block_bytes`` where they beat the values in force.
     """
     found = Found()
+    positions = KNOBS.depthwise_whole_plane_max_positions
+    # Only stride-1 layers of at most the largest candidate's positions can tell the values apart.
+    small = [s for s in shapes if s[8] == 1 and s[3] * s[4] <= max(DEPTHWISE_WHOLE_PLANE_POSITIONS)]
+    if small:
+        candidates = {f"{v} positions": v for v in sorted({*DEPTHWISE_WHOLE_PLANE_POSITIONS, positions})}
+        label = _pick(measurer, small, "depthwise", "depthwise_whole_plane_max_positions", candidates,
+                      f"{positions} positions", found, "depthwise whole planes")
+        if candidates[label] != positions:
+            found.knobs["depthwise_whole_plane_max_positions"] = positions = candidates[label]
+    with KNOBS.override(depthwise_whole_plane_max_positions=positions):
+        shapes = [s for s in shapes if uses_channel_blocks(measurer.arrays(s)[0])] or shapes
+        _search_channel_blocks(measurer, shapes, full, found)
+    return found
+
+
+def _search_channel_blocks(measurer: Measurer, shapes, full: bool, found: Found) -> None:
+    """The channel-blocked way's positions per step, then its band size, into ``found``."""
     ways = KNOBS.depthwise_channel_block_ways
     candidates = {f"{v} ways": v for v in depthwise_ways_candidates(ways, full=full)}
     label = _pick(measurer, shapes, "depthwise", "depthwise_channel_block_ways", candidates, f"{ways} ways", found,
@@ -312,7 +336,6 @@ def search_depthwise(measurer: Measurer, shapes, *, full: bool) -> Found:
                       found, "depthwise band")
     if bands[label] != band:
         found.knobs["depthwise_channel_block_bytes"] = bands[label]
-    return found
 
 
 # -- auto ---------------------------------------------------------------------------------------

@@ -38,14 +38,15 @@ WINOGRAD_SHAPES = (
     ("3x3 512>512 7^2", 4, 512, 7, 7, 512, 3, 3, 1, 1, 1),
 )
 
-#: MobileNetV2's depthwise layers (groups == C, 3x3) at strides 1 and 2, batch 1, for the band
-#: size and output positions per step of depthwise's channel-blocked way: its kernel is bound
-#: by memory, so a call takes 0.5-3 ms and the four shapes cost the quick mode about 6 s.
+#: MobileNetV2's depthwise layers (groups == C, 3x3) at strides 1 and 2, batch 1, for the small
+#: stride-1 planes that take whole planes, then the band size and output positions per step of
+#: the channel-blocked way: the kernels are bound by memory, so a call takes 0.1-3 ms.
 DEPTHWISE_SHAPES = (
     ("dw 3x3 144 56^2", 1, 144, 56, 56, 144, 3, 3, 1, 1, 144),
     ("dw 3x3/2 144 56^2", 1, 144, 56, 56, 144, 3, 3, 2, 1, 144),
     ("dw 3x3 192 28^2", 1, 192, 28, 28, 192, 3, 3, 1, 1, 192),
     ("dw 3x3/2 576 14^2", 1, 576, 14, 14, 576, 3, 3, 2, 1, 576),
+    ("dw 3x3 384 14^2", 1, 384, 14, 14, 384, 3, 3, 1, 1, 384),
 )
 
 #: One of each kind of layer auto's rules tell apart.
