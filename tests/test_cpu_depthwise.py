@@ -225,7 +225,8 @@ def test_channel_blocks_serve_wide_layers(case, dtype, rng):
 # (C, H, W, stride, padding) -> the way that serves it with the built-in knobs.
 WAY_CASES = {
     "mobilenet-14x14": ((96, 14, 14, (1, 1), (1, 1, 1, 1)), "whole planes"),
-    "mobilenet-7x7": ((40, 7, 7, (1, 1), (1, 1, 1, 1)), "whole planes"),
+    "mobilenet-9x9": ((40, 9, 9, (1, 1), (1, 1, 1, 1)), "whole planes"),
+    "mobilenet-7x7": ((40, 7, 7, (1, 1), (1, 1, 1, 1)), "channel blocks"),  # one block of positions
     "mobilenet-14x14-stride2": ((48, 14, 14, (2, 2), (1, 1, 1, 1)), "channel blocks"),
     "mobilenet-56x56": ((16, 56, 56, (1, 1), (1, 1, 1, 1)), "channel blocks"),
     "14x14-valid": ((32, 14, 14, (1, 1), (0, 0, 0, 0)), "channel blocks"),  # output smaller than the image
@@ -234,8 +235,9 @@ WAY_CASES = {
 
 @pytest.mark.parametrize("case", list(WAY_CASES))
 def test_small_stride_one_planes_take_whole_planes(case, rng):
-    """Many filters on small stride-1 planes (up to ``depthwise_whole_plane_max_positions``) take the
-    whole-plane way, the rest channel blocks; both match the reference and each other."""
+    """Many filters on small stride-1 planes (more than a block of positions, up to
+    ``depthwise_whole_plane_max_positions``) take the whole-plane way, the rest channel blocks;
+    both match the reference and each other."""
     (C, H, W, stride, padding), way = WAY_CASES[case]
     problem = ConvProblem(2, C, H, W, C, 3, 3, stride, padding, (1, 1), C, "float64", True)
     assert depthwise.uses_channel_blocks(problem) == (way == "channel blocks")

@@ -626,13 +626,15 @@ def uses_channel_blocks(problem: ConvProblem) -> bool:
     """True when the channel-blocked way serves ``problem``: at least
     ``depthwise_channel_block_min_filters`` filters, so blocks of whole vectors of channels are
     mostly full (one-channel image filters keep the ways that vectorise along the width), unless
-    the whole-plane way serves it with planes of at most ``depthwise_whole_plane_max_positions``
-    positions: there a plane is a few blocks of one run per tap, read in place, where the channel
-    blocks transpose every element in and out (MobileNetV2's 14x14 stride-1 layers took half the
-    time by whole planes, its 7x7 one the same)."""
+    the whole-plane way serves it with planes of more than one block (:data:`BLOCK` positions) and
+    at most ``depthwise_whole_plane_max_positions``: there a plane is a few blocks of one run per
+    tap, read in place, where the channel blocks transpose every element in and out (MobileNetV2's
+    14x14 stride-1 layers took 0.3-1.0x the time by whole planes on Zen 5 and the Xeon host). A
+    plane of one block leaves its last vectors part empty: 7x7 took 0.95-1.2x the time."""
     if problem.K < KNOBS.depthwise_channel_block_min_filters:
         return False
-    return not (problem.H * problem.W <= KNOBS.depthwise_whole_plane_max_positions and uses_whole_planes(problem))
+    positions = problem.H * problem.W
+    return not (BLOCK < positions <= KNOBS.depthwise_whole_plane_max_positions and uses_whole_planes(problem))
 
 
 def channel_block_geometry(problem: ConvProblem) -> tuple[int, int, int]:

@@ -295,11 +295,13 @@ KNOBS = KnobTable("cpu", [
     Knob("depthwise_channel_block_min_filters", 16, "depthwise runs channel-blocked (vectors of 64 bytes of "
          "channels, transposed in and out of a padded band buffer) from this many filters K; below it, the ways "
          "that vectorise along the width (one-channel image filters)"),
-    Knob("depthwise_whole_plane_max_positions", 256, "depthwise layers of many filters whose planes have at most "
-         "this many positions (H*W) take the whole-plane way where it applies (stride 1, output the size of the "
-         "image) instead of channel blocks: a plane is then a few blocks of positions, each tap one run read in place, "
-         "where channel blocks transpose every element in and out (MobileNetV2's 14x14 stride-1 layers 0.47-0.53x the "
-         "time on Zen 5, 0.32-0.59x under AVX2; 7x7 0.95-1.01x; 28x28 0.41-1.16x, so not included)"),
+    Knob("depthwise_whole_plane_max_positions", 256, "depthwise layers of many filters whose planes have more than "
+         "one block (64 positions) and at most this many positions (H*W) take the whole-plane way where it applies "
+         "(stride 1, output the size of the image) instead of channel blocks: a plane is then a few blocks of "
+         "positions, each tap one run read in place, where channel blocks transpose every element in and out "
+         "(MobileNetV2's 14x14 stride-1 layers 0.47-0.53x the time on Zen 5, 0.32-0.59x under AVX2, 0.51-1.01x on "
+         "the Xeon host; 28x28 0.41-1.16x and 56x56 0.73-1.4x across the three, left to channel blocks; 7x7, one "
+         "block, 0.95-1.21x)"),
     Knob("depthwise_channel_block_bytes", _DEPTHWISE_CHANNEL_BLOCK_BYTES, "bytes of a channel-blocked depthwise "
          "band's input and output buffers together: a fraction of L2, so the R*S taps reread the band from L2"),
     Knob("depthwise_channel_block_window", True, "channel-blocked depthwise steps at column strides 1 and 2 load "
