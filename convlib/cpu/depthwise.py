@@ -39,7 +39,7 @@ zeros for the padding), once per input plane; the taps then run over its wide ro
 table picks the outputs. On small strided planes this beats the bands' many short row copies.
 
 *Bands* (everything else: large planes). Work items are bands of output rows of one plane
-(``prange`` over them, a few contiguous ranges per thread). A band's input rows are gathered into a per-thread buffer
+(a few contiguous ranges per thread, handed out from a shared counter: :data:`PARTS_PER_THREAD`). A band's input rows are gathered into a per-thread buffer
 (half an L2: it stays there), with the zero padding its taps read and, at a stride, split into
 the stride's phases (de-interleaved: phase ``(a, b)`` holds rows ``a, a + sh, ...`` and columns
 ``b, b + sw, ...``), as in :mod:`convlib.cpu.direct`'s source planes but one band at a time: no
@@ -78,12 +78,21 @@ from .isa import simd_bytes
 from .stack_buffer import stack_array_1d
 from .tables import KNOBS
 from .threads import thread_count
+from .work_queue import fetch_and_increment
 
 uintp = np.uintp
 
 #: Wide positions computed per block (on the stack) by the whole and gathered planes: four zmm
 #: vectors of float32.
 BLOCK = 64
+
+#: Parts of a call's work items per thread, handed out one at a time from a shared counter
+#: (:mod:`convlib.cpu.work_queue`): a thread that starts late or is preempted takes fewer. With
+#: the static split every call waited for the slower thread's share: after a 10 ms pause (the
+#: bench's), MobileNetV2's depthwise layers took 0.480x PyTorch's time with it and 0.442x with the
+#: counter, back to back 0.467x and 0.465x (Zen 5, 2 threads). 16 parts a thread made the
+#: 112x112 and 56x56 layers 1.2x slower back to back.
+PARTS_PER_THREAD = 4
 
 #: Independent accumulators of the bands' blocks: two FMA pipes of four cycles' latency need eight
 #: chains in flight.
@@ -296,11 +305,12 @@ def depthwise_kernel(R: int, S: int, dtype: str, vector_bytes: int | None = None
         dr = stride_h // dil_h if stride_h % dil_h == 0 else R
         pair_rows = rows_direct and dr < R
         shift = dr * S  # taps between filter rows r and r + dr
-        parts = max(1, min(items, 4 * threads))
+        parts = max(1, min(items, PARTS_PER_THREAD * threads))
+        taken = np.zeros(1, np.int64)  # parts handed out so far (see work_queue)
         # Flat views made once: a view of x or y made inside the loops would touch their shared
         # reference counts, atomically, from every thread.
         xf, yf = x.reshape(-1), y.reshape(-1)
-        for part in prange(parts):
+        for _ in prange(threads):
             buf = np.zeros(nph * npw * plane_size + block, x.dtype)  # + block: the last block's overhang
             wide = np.empty(rows * Ws + block, y.dtype)
             # The taps' weights and offsets on the stack, where LLVM knows they alias nothing.
@@ -310,120 +320,123 @@ def depthwise_kernel(R: int, S: int, dtype: str, vector_bytes: int | None = None
             start_acc = stack_array_1d(L, scalar)
             for t in range(taps):
                 off[t] = start[t]
-            for item in range(part * items // parts, (part + 1) * items // parts):
-                band = item % bands
-                plane = item // bands
-                n = plane // K
-                k = plane - n * K
-                c = k // multiplier
-                p0 = band * rows
-                pb = min(rows, P - p0)
-                for t in range(taps):
-                    wt[t] = w[k, 0, t // S, t % S]
-                # Gather the band's phase planes: row i of phase (a, b) is padded input row
-                # (p0 + i)*sh + a, its column j padded input column j*sw + b (zero outside x).
-                src_plane = uintp((n * C + c) * H * W)
-                if pair_columns:
-                    _deinterleave_pairs(xf, src_plane, H, W, top, left, p0, pb + extra, stride_h, nph, Ws,
-                                        plane_size, buf)
-                for a in range(nph):
-                    for b in range(npw):
-                        if pair_columns or not used[a * npw + b]:
-                            continue
-                        base = (a * npw + b) * plane_size
-                        j_lo = min(Ws, max(0, (left - b + stride_w - 1) // stride_w))
-                        j_hi = max(j_lo, min(Ws, (W + left - b + stride_w - 1) // stride_w))
-                        for i in range(pb + extra):
-                            dst = uintp(base + i * Ws)
-                            h = (p0 + i) * stride_h + a - top
-                            if h < 0 or h >= H:
-                                for j in range(uintp(Ws)):
-                                    buf[dst + j] = 0
+            part = fetch_and_increment(taken)
+            while part < parts:
+                for item in range(part * items // parts, (part + 1) * items // parts):
+                    band = item % bands
+                    plane = item // bands
+                    n = plane // K
+                    k = plane - n * K
+                    c = k // multiplier
+                    p0 = band * rows
+                    pb = min(rows, P - p0)
+                    for t in range(taps):
+                        wt[t] = w[k, 0, t // S, t % S]
+                    # Gather the band's phase planes: row i of phase (a, b) is padded input row
+                    # (p0 + i)*sh + a, its column j padded input column j*sw + b (zero outside x).
+                    src_plane = uintp((n * C + c) * H * W)
+                    if pair_columns:
+                        _deinterleave_pairs(xf, src_plane, H, W, top, left, p0, pb + extra, stride_h, nph, Ws,
+                                            plane_size, buf)
+                    for a in range(nph):
+                        for b in range(npw):
+                            if pair_columns or not used[a * npw + b]:
                                 continue
-                            for j in range(uintp(j_lo)):
-                                buf[dst + j] = 0
-                            src = src_plane + uintp(h * W + j_lo * stride_w + b - left)
-                            out = dst + uintp(j_lo)
-                            if stride_w == 1:
-                                for j in range(uintp(j_hi - j_lo)):
-                                    buf[out + j] = xf[src + j]
+                            base = (a * npw + b) * plane_size
+                            j_lo = min(Ws, max(0, (left - b + stride_w - 1) // stride_w))
+                            j_hi = max(j_lo, min(Ws, (W + left - b + stride_w - 1) // stride_w))
+                            for i in range(pb + extra):
+                                dst = uintp(base + i * Ws)
+                                h = (p0 + i) * stride_h + a - top
+                                if h < 0 or h >= H:
+                                    for j in range(uintp(Ws)):
+                                        buf[dst + j] = 0
+                                    continue
+                                for j in range(uintp(j_lo)):
+                                    buf[dst + j] = 0
+                                src = src_plane + uintp(h * W + j_lo * stride_w + b - left)
+                                out = dst + uintp(j_lo)
+                                if stride_w == 1:
+                                    for j in range(uintp(j_hi - j_lo)):
+                                        buf[out + j] = xf[src + j]
+                                else:
+                                    step = uintp(stride_w)
+                                    for j in range(uintp(j_hi - j_lo)):
+                                        buf[out + j] = xf[src + j * step]
+                                for j in range(uintp(j_hi), uintp(Ws)):
+                                    buf[dst + j] = 0
+                    # Every tap a shifted run of the buffer: the band's wide rows in one pass.
+                    length = (pb - 1) * Ws + Q
+                    for jj in range(L):
+                        start_acc[jj] = bias[k]
+                    # Rows of at least a block go straight into y, a run per output row (the last block
+                    # of a row moved back to end at Q: its overlap is computed twice, identically);
+                    # shorter ones as one run along the band's wide rows, then copied.
+                    # Where the row stride is dr whole dilated filter rows, rows go in pairs: tap (r, s)
+                    # of row p + 1 reads the vector of tap (r + dr, s) of row p, loaded once for both (an
+                    # unaligned vector load per FMA bound the single rows' 5x5 and 7x7 filters; at stride 2
+                    # a 7x7 filter shares 5 of its 7 rows: 8192^2/2 0.90x the time on Zen 5).
+                    pairs = pb // 2 if pair_rows else 0
+                    for pair in range(pairs):
+                        begin = 2 * pair * Ws
+                        dst = uintp(((n * K + k) * P + p0 + 2 * pair) * Q)
+                        for j in range(0, Q, half):
+                            j0 = min(j, Q - half)
+                            for v in range(V2):
+                                vector_copy(acc, v * L, start_acc, 0, L)
+                                vector_copy(acc, (V2 + v) * L, start_acc, 0, L)
+                            for t in range(shift):  # filter rows 0 .. dr-1: row p only
+                                at = uintp(off[t] + begin + j0)
+                                for v in range(V2):
+                                    vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
+                            for t in range(shift, taps):
+                                at = uintp(off[t] + begin + j0)
+                                for v in range(V2):
+                                    vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
+                                    vector_fma(acc, (V2 + v) * L, wt, t - shift, buf, at + uintp(v * L), L)
+                            for t in range(taps - shift, taps):  # filter rows R-dr .. R-1 of row p + 1, one row below
+                                at = uintp(off[t] + Ws + begin + j0)
+                                for v in range(V2):
+                                    vector_fma(acc, (V2 + v) * L, wt, t, buf, at + uintp(v * L), L)
+                            if stream and (y_misalign + dst + j0) % L == 0 and Q % L == 0:
+                                for v in range(V2):
+                                    vector_stream_plus(yf, dst + uintp(j0 + v * L), acc, v * L, zero, L)
+                                    vector_stream_plus(yf, dst + uintp(Q + j0 + v * L), acc, (V2 + v) * L, zero, L)
                             else:
-                                step = uintp(stride_w)
-                                for j in range(uintp(j_hi - j_lo)):
-                                    buf[out + j] = xf[src + j * step]
-                            for j in range(uintp(j_hi), uintp(Ws)):
-                                buf[dst + j] = 0
-                # Every tap a shifted run of the buffer: the band's wide rows in one pass.
-                length = (pb - 1) * Ws + Q
-                for jj in range(L):
-                    start_acc[jj] = bias[k]
-                # Rows of at least a block go straight into y, a run per output row (the last block
-                # of a row moved back to end at Q: its overlap is computed twice, identically);
-                # shorter ones as one run along the band's wide rows, then copied.
-                # Where the row stride is dr whole dilated filter rows, rows go in pairs: tap (r, s)
-                # of row p + 1 reads the vector of tap (r + dr, s) of row p, loaded once for both (an
-                # unaligned vector load per FMA bound the single rows' 5x5 and 7x7 filters; at stride 2
-                # a 7x7 filter shares 5 of its 7 rows: 8192^2/2 0.90x the time on Zen 5).
-                pairs = pb // 2 if pair_rows else 0
-                for pair in range(pairs):
-                    begin = 2 * pair * Ws
-                    dst = uintp(((n * K + k) * P + p0 + 2 * pair) * Q)
-                    for j in range(0, Q, half):
-                        j0 = min(j, Q - half)
-                        for v in range(V2):
-                            vector_copy(acc, v * L, start_acc, 0, L)
-                            vector_copy(acc, (V2 + v) * L, start_acc, 0, L)
-                        for t in range(shift):  # filter rows 0 .. dr-1: row p only
-                            at = uintp(off[t] + begin + j0)
-                            for v in range(V2):
-                                vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
-                        for t in range(shift, taps):
-                            at = uintp(off[t] + begin + j0)
-                            for v in range(V2):
-                                vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
-                                vector_fma(acc, (V2 + v) * L, wt, t - shift, buf, at + uintp(v * L), L)
-                        for t in range(taps - shift, taps):  # filter rows R-dr .. R-1 of row p + 1, one row below
-                            at = uintp(off[t] + Ws + begin + j0)
-                            for v in range(V2):
-                                vector_fma(acc, (V2 + v) * L, wt, t, buf, at + uintp(v * L), L)
-                        if stream and (y_misalign + dst + j0) % L == 0 and Q % L == 0:
-                            for v in range(V2):
-                                vector_stream_plus(yf, dst + uintp(j0 + v * L), acc, v * L, zero, L)
-                                vector_stream_plus(yf, dst + uintp(Q + j0 + v * L), acc, (V2 + v) * L, zero, L)
-                        else:
-                            for v in range(V2):
-                                vector_copy(yf, dst + uintp(j0 + v * L), acc, v * L, L)
-                                vector_copy(yf, dst + uintp(Q + j0 + v * L), acc, (V2 + v) * L, L)
-                for run in range(2 * pairs, pb if rows_direct else 1):
-                    begin = run * Ws if rows_direct else 0
-                    count = Q if rows_direct else length
-                    dst = uintp(((n * K + k) * P + p0 + run) * Q)
-                    for j in range(0, count, block):
-                        j0 = min(j, count - block) if rows_direct else j
-                        # V independent vector accumulators, each tap one broadcast FMA per
-                        # vector: left to LLVM, the sum over taps inside the loop over positions
-                        # stayed scalar or half-vectorised (7x7 filters ran at 5% of the FMA peak).
-                        for v in range(V):
-                            vector_copy(acc, v * L, start_acc, 0, L)
-                        for t in range(taps):
-                            at = uintp(off[t] + begin + j0)
+                                for v in range(V2):
+                                    vector_copy(yf, dst + uintp(j0 + v * L), acc, v * L, L)
+                                    vector_copy(yf, dst + uintp(Q + j0 + v * L), acc, (V2 + v) * L, L)
+                    for run in range(2 * pairs, pb if rows_direct else 1):
+                        begin = run * Ws if rows_direct else 0
+                        count = Q if rows_direct else length
+                        dst = uintp(((n * K + k) * P + p0 + run) * Q)
+                        for j in range(0, count, block):
+                            j0 = min(j, count - block) if rows_direct else j
+                            # V independent vector accumulators, each tap one broadcast FMA per
+                            # vector: left to LLVM, the sum over taps inside the loop over positions
+                            # stayed scalar or half-vectorised (7x7 filters ran at 5% of the FMA peak).
                             for v in range(V):
-                                vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
-                        if rows_direct and stream and (y_misalign + dst + j0) % L == 0:
-                            for v in range(V):
-                                vector_stream_plus(yf, dst + uintp(j0 + v * L), acc, v * L, zero, L)
-                        elif rows_direct:
-                            for v in range(V):
-                                vector_copy(yf, dst + uintp(j0 + v * L), acc, v * L, L)
-                        else:
-                            for v in range(V):
-                                vector_copy(wide, uintp(j0 + v * L), acc, v * L, L)
-                if not rows_direct:
-                    for p in range(pb):
-                        dst = uintp(((n * K + k) * P + p0 + p) * Q)
-                        src_row = uintp(p * Ws)
-                        for q in range(uintp(Q)):
-                            yf[dst + q] = wide[src_row + q]
+                                vector_copy(acc, v * L, start_acc, 0, L)
+                            for t in range(taps):
+                                at = uintp(off[t] + begin + j0)
+                                for v in range(V):
+                                    vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
+                            if rows_direct and stream and (y_misalign + dst + j0) % L == 0:
+                                for v in range(V):
+                                    vector_stream_plus(yf, dst + uintp(j0 + v * L), acc, v * L, zero, L)
+                            elif rows_direct:
+                                for v in range(V):
+                                    vector_copy(yf, dst + uintp(j0 + v * L), acc, v * L, L)
+                            else:
+                                for v in range(V):
+                                    vector_copy(wide, uintp(j0 + v * L), acc, v * L, L)
+                    if not rows_direct:
+                        for p in range(pb):
+                            dst = uintp(((n * K + k) * P + p0 + p) * Q)
+                            src_row = uintp(p * Ws)
+                            for q in range(uintp(Q)):
+                                yf[dst + q] = wide[src_row + q]
+                part = fetch_and_increment(taken)
             if stream:
                 store_fence()
 
@@ -502,46 +515,50 @@ def whole_plane_kernel(R: int, S: int, dtype: str):
         positions = mask.size // taps
         total = N * C * HW
         items = N * K
-        parts = max(1, min(items, 4 * threads))
+        parts = max(1, min(items, PARTS_PER_THREAD * threads))
+        taken = np.zeros(1, np.int64)  # parts handed out so far (see work_queue)
         xf, yf = x.reshape(-1), y.reshape(-1)
-        for part in prange(parts):
+        for _ in prange(threads):
             buf = np.zeros(before + HW + after, x.dtype)
             wt = stack_array_1d(taps, scalar)
             run_start = stack_array_1d(taps, np.uintp)
             acc = stack_array_1d(BLOCK, scalar)
-            for item in range(part * items // parts, (part + 1) * items // parts):
-                n = item // K
-                k = item - n * K
-                c = k // multiplier
-                for t in range(taps):
-                    wt[t] = w[k, 0, t // S, t % S]
-                start = (n * C + c) * HW
-                # Interior planes are read in place: their runs stray into the neighbouring planes
-                # only where the masks select zeros. The first and last would read past x.
-                if start >= before and start + HW + after <= total:
-                    src = xf
-                    origin = start
-                else:
-                    for j in range(HW):
-                        buf[before + j] = xf[start + j]
-                    src = buf
-                    origin = before
-                for t in range(taps):
-                    run_start[t] = uintp(origin + delta[t])
-                bk = bias[k]
-                dst = uintp(item * HW)
-                for j0 in range(0, HW, BLOCK):
-                    # Results on the stack first: stores into y could alias the loads (x may be y's
-                    # neighbour for all LLVM knows), which kept the loop scalar.
-                    for jj in range(BLOCK):
-                        pos = uintp(j0) + uintp(jj)
-                        v = bk
-                        for t in range(taps):
-                            value = src[run_start[t] + pos]
-                            v += wt[t] * (value if mask[uintp(t * positions) + pos] else scalar(0))
-                        acc[jj] = v
-                    for jj in range(uintp(min(BLOCK, HW - j0))):
-                        yf[dst + uintp(j0) + jj] = acc[jj]
+            part = fetch_and_increment(taken)
+            while part < parts:
+                for item in range(part * items // parts, (part + 1) * items // parts):
+                    n = item // K
+                    k = item - n * K
+                    c = k // multiplier
+                    for t in range(taps):
+                        wt[t] = w[k, 0, t // S, t % S]
+                    start = (n * C + c) * HW
+                    # Interior planes are read in place: their runs stray into the neighbouring planes
+                    # only where the masks select zeros. The first and last would read past x.
+                    if start >= before and start + HW + after <= total:
+                        src = xf
+                        origin = start
+                    else:
+                        for j in range(HW):
+                            buf[before + j] = xf[start + j]
+                        src = buf
+                        origin = before
+                    for t in range(taps):
+                        run_start[t] = uintp(origin + delta[t])
+                    bk = bias[k]
+                    dst = uintp(item * HW)
+                    for j0 in range(0, HW, BLOCK):
+                        # Results on the stack first: stores into y could alias the loads (x may be y's
+                        # neighbour for all LLVM knows), which kept the loop scalar.
+                        for jj in range(BLOCK):
+                            pos = uintp(j0) + uintp(jj)
+                            v = bk
+                            for t in range(taps):
+                                value = src[run_start[t] + pos]
+                                v += wt[t] * (value if mask[uintp(t * positions) + pos] else scalar(0))
+                            acc[jj] = v
+                        for jj in range(uintp(min(BLOCK, HW - j0))):
+                            yf[dst + uintp(j0) + jj] = acc[jj]
+                part = fetch_and_increment(taken)
 
     return depthwise_planes
 
@@ -571,9 +588,10 @@ def gathered_plane_kernel(R: int, S: int, dtype: str):
         multiplier = K // C
         HW = H * W
         items = N * K
-        parts = max(1, min(items, 4 * threads))
+        parts = max(1, min(items, PARTS_PER_THREAD * threads))
+        taken = np.zeros(1, np.int64)  # parts handed out so far (see work_queue)
         xf, yf = x.reshape(-1), y.reshape(-1)
-        for part in prange(parts):
+        for _ in prange(threads):
             buf = np.empty(source.size + block, x.dtype)
             buf[source.size:] = 0  # the last block's overhang
             row = np.empty((wide + block - 1) // block * block, y.dtype)
@@ -584,35 +602,38 @@ def gathered_plane_kernel(R: int, S: int, dtype: str):
             for t in range(taps):
                 off[t] = uintp(tap_offset[t])
             last_plane = -1
-            for item in range(part * items // parts, (part + 1) * items // parts):
-                n = item // K
-                k = item - n * K
-                plane = n * C + k // multiplier
-                for t in range(taps):
-                    wt[t] = w[k, 0, t // S, t % S]
-                # The phase planes in one pass over a table (masked gathers, padding as zeros),
-                # once per input plane however many output channels read it.
-                if plane != last_plane:
-                    start = plane * HW
-                    for i in range(uintp(source.size)):
-                        j = source[i]
-                        buf[i] = xf[start + j] if j >= 0 else 0
-                    last_plane = plane
-                for jj in range(L):
-                    start_acc[jj] = bias[k]
-                # As the bands' blocks: V vector accumulators, one broadcast FMA per tap and vector.
-                for j0 in range(0, wide, block):
-                    for v in range(V):
-                        vector_copy(acc, v * L, start_acc, 0, L)
+            part = fetch_and_increment(taken)
+            while part < parts:
+                for item in range(part * items // parts, (part + 1) * items // parts):
+                    n = item // K
+                    k = item - n * K
+                    plane = n * C + k // multiplier
                     for t in range(taps):
-                        at = off[t] + uintp(j0)
+                        wt[t] = w[k, 0, t // S, t % S]
+                    # The phase planes in one pass over a table (masked gathers, padding as zeros),
+                    # once per input plane however many output channels read it.
+                    if plane != last_plane:
+                        start = plane * HW
+                        for i in range(uintp(source.size)):
+                            j = source[i]
+                            buf[i] = xf[start + j] if j >= 0 else 0
+                        last_plane = plane
+                    for jj in range(L):
+                        start_acc[jj] = bias[k]
+                    # As the bands' blocks: V vector accumulators, one broadcast FMA per tap and vector.
+                    for j0 in range(0, wide, block):
                         for v in range(V):
-                            vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
-                    for v in range(V):
-                        vector_copy(row, uintp(j0 + v * L), acc, v * L, L)
-                dst = uintp(item * PQ)
-                for i in range(uintp(PQ)):
-                    yf[dst + i] = row[output_index[i]]
+                            vector_copy(acc, v * L, start_acc, 0, L)
+                        for t in range(taps):
+                            at = off[t] + uintp(j0)
+                            for v in range(V):
+                                vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
+                        for v in range(V):
+                            vector_copy(row, uintp(j0 + v * L), acc, v * L, L)
+                    dst = uintp(item * PQ)
+                    for i in range(uintp(PQ)):
+                        yf[dst + i] = row[output_index[i]]
+                part = fetch_and_increment(taken)
 
     return depthwise_gathered
 
@@ -722,7 +743,8 @@ def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
         kblocks = (K + L - 1) // L
         bands = (P + rows - 1) // rows
         items = N * kblocks * bands
-        parts = max(1, min(items, 4 * threads))
+        parts = max(1, min(items, PARTS_PER_THREAD * threads))
+        taken = np.zeros(1, np.int64)  # parts handed out so far (see work_queue)
         xf, yf = x.reshape(-1), y.reshape(-1)
         step = uintp(stride_w * L)
         filter_row = uintp(dil_h * Wb * L)  # from one filter row's inputs to the next in the buffer
@@ -737,7 +759,7 @@ def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
                 for t in range(taps):
                     blocks[(kb * (taps + 1) + t) * L + l] = w[k, 0, t // S, t % S]
                 blocks[(kb * (taps + 1) + taps) * L + l] = bias[k]
-        for part in prange(parts):
+        for _ in prange(threads):
             # Zeros once: the columns left and right of the image are never written.
             buf = np.zeros(in_rows * Wb * L, x.dtype)
             out = np.empty(rows * Q * L, y.dtype)
@@ -749,104 +771,107 @@ def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
             toff = stack_array_1d(taps, np.uintp)
             for t in range(taps):
                 toff[t] = uintp(((t // S) * dil_h * Wb + (t % S) * dil_w) * L)
-            for item in range(part * items // parts, (part + 1) * items // parts):
-                band = item % bands
-                kb = (item // bands) % kblocks
-                n = item // (bands * kblocks)
-                k0 = kb * L
-                lanes = min(L, K - k0)
-                p0 = band * rows
-                pb = min(rows, P - p0)
-                for t in range(taps):
-                    vector_copy(wt, t * L, blocks, uintp((kb * (taps + 1) + t) * L), L)
-                vector_copy(bl, 0, blocks, uintp((kb * (taps + 1) + taps) * L), L)
-                # Buffer row i is padded input row p0*sh + i: image rows h_lo..h_hi, zeros around.
-                h_first = p0 * stride_h - top
-                band_rows = (pb - 1) * stride_h + (R - 1) * dil_h + 1
-                h_lo, h_hi = max(0, h_first), min(H, h_first + band_rows)
-                for i in range(band_rows):
-                    if i + h_first < h_lo or i + h_first >= h_hi:
-                        for j in range(uintp(Wb * L)):
-                            buf[uintp(i * Wb * L) + j] = 0
-                if h_hi > h_lo:
-                    if lanes == L and multiplier == 1:
-                        plane0 = uintp((n * C + k0) * HW)
-                        first, last = h_lo * W, h_hi * W
-                        whole = first + (last - first) // L * L
-                        i, jc = h_lo - h_first, 0
-                        for pos0 in range(first, whole, L):
-                            transpose_block(tmp, 0, L, xf, plane0 + uintp(pos0), HW, L)
-                            for j in range(L):
-                                vector_copy(buf, uintp((i * Wb + jc + left) * L), tmp, j * L, L)
-                                jc += 1
-                                if jc == W:
-                                    jc = 0
-                                    i += 1
-                        for pos in range(whole, last):
-                            h, jc = divmod(pos, W)
-                            d = uintp(((h - h_first) * Wb + jc + left) * L)
+            part = fetch_and_increment(taken)
+            while part < parts:
+                for item in range(part * items // parts, (part + 1) * items // parts):
+                    band = item % bands
+                    kb = (item // bands) % kblocks
+                    n = item // (bands * kblocks)
+                    k0 = kb * L
+                    lanes = min(L, K - k0)
+                    p0 = band * rows
+                    pb = min(rows, P - p0)
+                    for t in range(taps):
+                        vector_copy(wt, t * L, blocks, uintp((kb * (taps + 1) + t) * L), L)
+                    vector_copy(bl, 0, blocks, uintp((kb * (taps + 1) + taps) * L), L)
+                    # Buffer row i is padded input row p0*sh + i: image rows h_lo..h_hi, zeros around.
+                    h_first = p0 * stride_h - top
+                    band_rows = (pb - 1) * stride_h + (R - 1) * dil_h + 1
+                    h_lo, h_hi = max(0, h_first), min(H, h_first + band_rows)
+                    for i in range(band_rows):
+                        if i + h_first < h_lo or i + h_first >= h_hi:
+                            for j in range(uintp(Wb * L)):
+                                buf[uintp(i * Wb * L) + j] = 0
+                    if h_hi > h_lo:
+                        if lanes == L and multiplier == 1:
+                            plane0 = uintp((n * C + k0) * HW)
+                            first, last = h_lo * W, h_hi * W
+                            whole = first + (last - first) // L * L
+                            i, jc = h_lo - h_first, 0
+                            for pos0 in range(first, whole, L):
+                                transpose_block(tmp, 0, L, xf, plane0 + uintp(pos0), HW, L)
+                                for j in range(L):
+                                    vector_copy(buf, uintp((i * Wb + jc + left) * L), tmp, j * L, L)
+                                    jc += 1
+                                    if jc == W:
+                                        jc = 0
+                                        i += 1
+                            for pos in range(whole, last):
+                                h, jc = divmod(pos, W)
+                                d = uintp(((h - h_first) * Wb + jc + left) * L)
+                                for l in range(L):
+                                    buf[d + uintp(l)] = xf[plane0 + uintp(l * HW + pos)]
+                        else:
+                            for l in range(lanes):
+                                src = uintp((n * C + (k0 + l) // multiplier) * HW)
+                                for h in range(h_lo, h_hi):
+                                    d = uintp(((h - h_first) * Wb + left) * L + l)
+                                    s0 = src + uintp(h * W)
+                                    for j in range(uintp(W)):
+                                        buf[d + j * uintp(L)] = xf[s0 + j]
+                    # Each output: R*S vector FMAs over the channels; `ways` outputs per step.
+                    for p in range(pb):
+                        row = uintp(p * stride_h * Wb * L)
+                        o_row = uintp(p * Q * L)
+                        q = 0
+                        # A loop per kind of step: the stride test stays out of the loops of FMAs.
+                        while windowed_1 and q + ways <= Q:
+                            for v in range(ways):
+                                vector_copy(acc, v * L, bl, 0, L)
+                            window_step_1(acc, wt, buf, row + uintp(q * L), filter_row, win)
+                            for v in range(ways):
+                                vector_copy(out, o_row + uintp((q + v) * L), acc, v * L, L)
+                            q += ways
+                        while windowed_2 and q + ways <= Q:
+                            for v in range(ways):
+                                vector_copy(acc, v * L, bl, 0, L)
+                            window_step_2(acc, wt, buf, row + uintp(q) * step, filter_row, win)
+                            for v in range(ways):
+                                vector_copy(out, o_row + uintp((q + v) * L), acc, v * L, L)
+                            q += ways
+                        while q + ways <= Q:
+                            at = row + uintp(q) * step
+                            for v in range(ways):
+                                vector_copy(acc, v * L, bl, 0, L)
+                            for t in range(taps):
+                                o = at + toff[t]
+                                for v in range(ways):
+                                    vector_fma_lanes(acc, v * L, wt, t * L, buf, o + uintp(v) * step, L)
+                            for v in range(ways):
+                                vector_copy(out, o_row + uintp((q + v) * L), acc, v * L, L)
+                            q += ways
+                        while q < Q:
+                            at = row + uintp(q) * step
+                            vector_copy(acc, 0, bl, 0, L)
+                            for t in range(taps):
+                                vector_fma_lanes(acc, 0, wt, t * L, buf, at + toff[t], L)
+                            vector_copy(out, o_row + uintp(q * L), acc, 0, L)
+                            q += 1
+                    # The band's outputs back into y: its rows are one flat run of each plane.
+                    dst0 = uintp((n * K + k0) * PQ + p0 * Q)
+                    count = pb * Q
+                    if lanes == L:
+                        whole = count // L * L
+                        for pos0 in range(0, whole, L):
+                            transpose_block(yf, dst0 + uintp(pos0), PQ, out, uintp(pos0 * L), L, L)
+                        for pos in range(whole, count):
                             for l in range(L):
-                                buf[d + uintp(l)] = xf[plane0 + uintp(l * HW + pos)]
+                                yf[dst0 + uintp(l * PQ + pos)] = out[uintp(pos * L + l)]
                     else:
                         for l in range(lanes):
-                            src = uintp((n * C + (k0 + l) // multiplier) * HW)
-                            for h in range(h_lo, h_hi):
-                                d = uintp(((h - h_first) * Wb + left) * L + l)
-                                s0 = src + uintp(h * W)
-                                for j in range(uintp(W)):
-                                    buf[d + j * uintp(L)] = xf[s0 + j]
-                # Each output: R*S vector FMAs over the channels; `ways` outputs per step.
-                for p in range(pb):
-                    row = uintp(p * stride_h * Wb * L)
-                    o_row = uintp(p * Q * L)
-                    q = 0
-                    # A loop per kind of step: the stride test stays out of the loops of FMAs.
-                    while windowed_1 and q + ways <= Q:
-                        for v in range(ways):
-                            vector_copy(acc, v * L, bl, 0, L)
-                        window_step_1(acc, wt, buf, row + uintp(q * L), filter_row, win)
-                        for v in range(ways):
-                            vector_copy(out, o_row + uintp((q + v) * L), acc, v * L, L)
-                        q += ways
-                    while windowed_2 and q + ways <= Q:
-                        for v in range(ways):
-                            vector_copy(acc, v * L, bl, 0, L)
-                        window_step_2(acc, wt, buf, row + uintp(q) * step, filter_row, win)
-                        for v in range(ways):
-                            vector_copy(out, o_row + uintp((q + v) * L), acc, v * L, L)
-                        q += ways
-                    while q + ways <= Q:
-                        at = row + uintp(q) * step
-                        for v in range(ways):
-                            vector_copy(acc, v * L, bl, 0, L)
-                        for t in range(taps):
-                            o = at + toff[t]
-                            for v in range(ways):
-                                vector_fma_lanes(acc, v * L, wt, t * L, buf, o + uintp(v) * step, L)
-                        for v in range(ways):
-                            vector_copy(out, o_row + uintp((q + v) * L), acc, v * L, L)
-                        q += ways
-                    while q < Q:
-                        at = row + uintp(q) * step
-                        vector_copy(acc, 0, bl, 0, L)
-                        for t in range(taps):
-                            vector_fma_lanes(acc, 0, wt, t * L, buf, at + toff[t], L)
-                        vector_copy(out, o_row + uintp(q * L), acc, 0, L)
-                        q += 1
-                # The band's outputs back into y: its rows are one flat run of each plane.
-                dst0 = uintp((n * K + k0) * PQ + p0 * Q)
-                count = pb * Q
-                if lanes == L:
-                    whole = count // L * L
-                    for pos0 in range(0, whole, L):
-                        transpose_block(yf, dst0 + uintp(pos0), PQ, out, uintp(pos0 * L), L, L)
-                    for pos in range(whole, count):
-                        for l in range(L):
-                            yf[dst0 + uintp(l * PQ + pos)] = out[uintp(pos * L + l)]
-                else:
-                    for l in range(lanes):
-                        for pos in range(uintp(count)):
-                            yf[dst0 + uintp(l * PQ) + pos] = out[pos * uintp(L) + uintp(l)]
+                            for pos in range(uintp(count)):
+                                yf[dst0 + uintp(l * PQ) + pos] = out[pos * uintp(L) + uintp(l)]
+                part = fetch_and_increment(taken)
 
     return depthwise_channel_blocks
 
