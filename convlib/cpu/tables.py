@@ -176,6 +176,13 @@ _WINOGRAD_REGISTER_TILE = {
     "avx2": {"float32": (5, 16), "float64": (5, 8)},
 }
 
+#: The largest stride-1 depthwise planes computed as whole planes (``depthwise_whole_plane_max_positions``),
+#: per instruction set: with ymm vectors the channel blocks lose on 28x28 and 56x56 planes too
+#: (whole planes 0.64-1.03x and 0.69-0.87x the time, three runs, Zen 5 held to AVX2); with zmm on
+#: Zen 5 they won there (1.02-1.41x at 56x56), while the Xeon host measured 0.73-0.77x: its tuned
+#: profile can say so.
+_DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS = {"avx512": 256, "avx2": 4096}
+
 _DIRECT_L2_INPUT_BUDGET = 512 * 1024
 _DEPTHWISE_BAND_BYTES = 512 * 1024
 _DEPTHWISE_PLANE_MASK_BYTES = 256 * 1024
@@ -219,6 +226,7 @@ def machine_derived_knobs(caches: dict | None = None) -> dict:
         "depthwise_band_bytes": _DEPTHWISE_BAND_BYTES * caches["L2"] // budgets["L2"],
         "depthwise_plane_mask_bytes": _DEPTHWISE_PLANE_MASK_BYTES * caches["L2"] // budgets["L2"],
         "depthwise_channel_block_bytes": _DEPTHWISE_CHANNEL_BLOCK_BYTES * caches["L2"] // budgets["L2"],
+        "depthwise_whole_plane_max_positions": _DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS[host_isa()],
     }
 
 
@@ -300,8 +308,8 @@ KNOBS = KnobTable("cpu", [
          "(stride 1, output the size of the image) instead of channel blocks: a plane is then a few blocks of "
          "positions, each tap one run read in place, where channel blocks transpose every element in and out "
          "(MobileNetV2's 14x14 stride-1 layers 0.47-0.53x the time on Zen 5, 0.32-0.59x under AVX2, 0.51-1.01x on "
-         "the Xeon host; 28x28 0.41-1.16x and 56x56 0.73-1.4x across the three, left to channel blocks; 7x7, one "
-         "block, 0.95-1.21x)"),
+         "the Xeon host; 7x7, one block, 0.95-1.21x). Derived per instruction set: 256 with zmm vectors "
+         "(14x14 planes; 28x28 and 56x56 0.41-1.41x on Zen 5), 4096 with ymm (56x56 0.69-0.87x under AVX2)"),
     Knob("depthwise_channel_block_bytes", _DEPTHWISE_CHANNEL_BLOCK_BYTES, "bytes of a channel-blocked depthwise "
          "band's input and output buffers together: a fraction of L2, so the R*S taps reread the band from L2"),
     Knob("depthwise_channel_block_window", True, "channel-blocked depthwise steps at column strides 1 and 2 load "
