@@ -650,8 +650,10 @@ def uses_channel_blocks(problem: ConvProblem) -> bool:
     the whole-plane way serves it with planes of more than one block (:data:`BLOCK` positions) and
     at most ``depthwise_whole_plane_max_positions``: there a plane is a few blocks of one run per
     tap, read in place, where the channel blocks transpose every element in and out (MobileNetV2's
-    14x14 stride-1 layers took 0.3-1.0x the time by whole planes on Zen 5 and the Xeon host). A
-    plane of one block leaves its last vectors part empty: 7x7 took 0.95-1.2x the time."""
+    14x14 stride-1 layers took 0.3-1.0x the time by whole planes on Zen 5, with AVX-512 and held to
+    AVX2, and on the Xeon host; the threshold is derived per instruction set, see
+    :mod:`convlib.cpu.tables`). A plane of one block leaves its last vectors part empty: 7x7 took
+    0.95-1.2x the time."""
     if problem.K < KNOBS.depthwise_channel_block_min_filters:
         return False
     positions = problem.H * problem.W
