@@ -241,7 +241,7 @@ def test_small_stride_one_planes_take_whole_planes(case, rng):
     (C, H, W, stride, padding), way = WAY_CASES[case]
     problem = ConvProblem(2, C, H, W, C, 3, 3, stride, padding, (1, 1), C, "float64", True)
     x, w, b = random_arrays(rng, problem)
-    with KNOBS.override(depthwise_whole_plane_max_positions=256):  # AVX-512's value (AVX2 derives 4096)
+    with KNOBS.override(depthwise_whole_plane_max_positions=256):  # AVX-512's value (AVX2 derives 1024)
         assert depthwise.uses_channel_blocks(problem) == (way == "channel blocks")
         assert depthwise.uses_whole_planes(problem) == (way == "whole planes" or stride == (1, 1) and padding[0] == 1)
         y = depthwise.run(problem, x, w, b)

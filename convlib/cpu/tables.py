@@ -177,11 +177,12 @@ _WINOGRAD_REGISTER_TILE = {
 }
 
 #: The largest stride-1 depthwise planes computed as whole planes (``depthwise_whole_plane_max_positions``),
-#: per instruction set: with ymm vectors the channel blocks lose on 28x28 and 56x56 planes too
-#: (whole planes 0.64-1.03x and 0.69-0.87x the time, three runs, Zen 5 held to AVX2); with zmm on
-#: Zen 5 they won there (1.02-1.41x at 56x56), while the Xeon host measured 0.73-0.77x: its tuned
-#: profile can say so.
-_DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS = {"avx512": 256, "avx2": 4096}
+#: per instruction set: with ymm vectors the channel blocks lose on 28x28 planes too (whole planes
+#: 0.64-1.03x the time back to back, three runs, and 0.70-0.74 against 0.77-0.86 ms in the bench,
+#: Zen 5 held to AVX2; at 56x56 0.69-0.87x back to back but 1.70-1.75 against 1.57-1.61 ms in the
+#: bench, so not there); with zmm on Zen 5 the channel blocks won at 28x28 and 56x56 in most runs
+#: (0.41-1.41x), while the Xeon host measured 0.73-0.77x: its tuned profile can say so.
+_DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS = {"avx512": 256, "avx2": 1024}
 
 _DIRECT_L2_INPUT_BUDGET = 512 * 1024
 _DEPTHWISE_BAND_BYTES = 512 * 1024
@@ -309,7 +310,7 @@ KNOBS = KnobTable("cpu", [
          "positions, each tap one run read in place, where channel blocks transpose every element in and out "
          "(MobileNetV2's 14x14 stride-1 layers 0.47-0.53x the time on Zen 5, 0.32-0.59x under AVX2, 0.51-1.01x on "
          "the Xeon host; 7x7, one block, 0.95-1.21x). Derived per instruction set: 256 with zmm vectors "
-         "(14x14 planes; 28x28 and 56x56 0.41-1.41x on Zen 5), 4096 with ymm (56x56 0.69-0.87x under AVX2)"),
+         "(14x14 planes; 28x28 and 56x56 0.41-1.41x on Zen 5), 1024 with ymm (28x28 too: see _DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS)"),
     Knob("depthwise_channel_block_bytes", _DEPTHWISE_CHANNEL_BLOCK_BYTES, "bytes of a channel-blocked depthwise "
          "band's input and output buffers together: a fraction of L2, so the R*S taps reread the band from L2"),
     Knob("depthwise_channel_block_window", True, "channel-blocked depthwise steps at column strides 1 and 2 load "
