@@ -8,10 +8,10 @@ re-checks them.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass, field, fields, replace
-import functools
 from functools import cached_property
 
 import numpy as np

@@ -11,13 +11,14 @@ Four ways through: by the number of filters and the plane's size (:func:`uses_ch
 then by the plane's geometry (:func:`uses_whole_planes`, :func:`uses_gathered_planes`, else bands):
 
 *Channel blocks* (``K >= depthwise_channel_block_min_filters``: the depthwise layers of networks,
-any geometry but small stride-1 planes, which the whole planes below serve faster): a vector holds 64 bytes of channels of one position, not positions of one channel.
-A band's input rows are transposed into a zero-padded buffer of channel vectors, every output
-position is ``R*S`` vector FMAs (at column strides 1 and 2, a few positions at a time from a
-window of each filter row's input vectors loaded once: :func:`_window_step`), and the outputs are
-transposed back (:func:`channel_block_kernel`). MobileNet's 7x7 to 28x28 planes leave the planar ways below rows
-too short to vectorise along, and their strided planes a de-interleave per plane; here neither
-matters.
+any geometry but small stride-1 planes, which the whole planes below serve faster): a vector holds
+64 bytes of channels of one position, not positions of one channel. A band's input rows are
+transposed into a zero-padded buffer of channel vectors, every output position is ``R*S`` vector
+FMAs (at column strides 1 and 2, a few positions at a time from a window of each filter row's
+input vectors loaded once: :func:`_window_step`), and the outputs are transposed back
+(:func:`channel_block_kernel`). MobileNet's strided and 7x7 planes leave the planar ways below
+rows too short to vectorise along, and their strided planes a de-interleave per plane; here
+neither matters.
 
 The planar ways vectorise along the width of one plane, for few channels (image filters):
 
@@ -38,9 +39,10 @@ one pass over an index table builds the whole plane's phase planes (de-interleav
 zeros for the padding), once per input plane; the taps then run over its wide rows and a second
 table picks the outputs. On small strided planes this beats the bands' many short row copies.
 
-*Bands* (everything else: large planes). Work items are bands of output rows of one plane
-(a few contiguous ranges per thread, handed out from a shared counter: :data:`PARTS_PER_THREAD`). A band's input rows are gathered into a per-thread buffer
-(half an L2: it stays there), with the zero padding its taps read and, at a stride, split into
+*Bands* (everything else: large planes). Work items are bands of output rows of one plane (a few
+contiguous ranges of them per thread, handed out from a shared counter, as in every way here:
+:data:`PARTS_PER_THREAD`). A band's input rows are gathered into a per-thread buffer (half an L2:
+it stays there), with the zero padding its taps read and, at a stride, split into
 the stride's phases (de-interleaved: phase ``(a, b)`` holds rows ``a, a + sh, ...`` and columns
 ``b, b + sw, ...``), as in :mod:`convlib.cpu.direct`'s source planes but one band at a time: no
 padded copy of the tensor exists. At column stride 2 (MobileNet's stride-2 layers) one pass of
@@ -78,7 +80,7 @@ from .isa import simd_bytes
 from .stack_buffer import stack_array_1d
 from .tables import KNOBS
 from .threads import thread_count
-from .work_queue import fetch_and_increment
+from .work_queue import next_range
 
 uintp = np.uintp
 
@@ -90,7 +92,7 @@ BLOCK = 64
 #: (:mod:`convlib.cpu.work_queue`): a thread that starts late or is preempted takes fewer. With
 #: the static split every call waited for the slower thread's share: after a 10 ms pause (the
 #: bench's), MobileNetV2's depthwise layers took 0.480x PyTorch's time with it and 0.442x with the
-#: counter, back to back 0.467x and 0.465x (Zen 5, 2 threads). 16 parts a thread made the
+#: counter, back to back 0.467x and 0.465x (Zen 5, AVX-512, 2 threads). 16 parts a thread made the
 #: 112x112 and 56x56 layers 1.2x slower back to back.
 PARTS_PER_THREAD = 4
 
@@ -320,9 +322,9 @@ def depthwise_kernel(R: int, S: int, dtype: str, vector_bytes: int | None = None
             start_acc = stack_array_1d(L, scalar)
             for t in range(taps):
                 off[t] = start[t]
-            part = fetch_and_increment(taken)
-            while part < parts:
-                for item in range(part * items // parts, (part + 1) * items // parts):
+            lo, hi = next_range(taken, items, parts)
+            while lo < hi:
+                for item in range(lo, hi):
                     band = item % bands
                     plane = item // bands
                     n = plane // K
@@ -436,7 +438,7 @@ def depthwise_kernel(R: int, S: int, dtype: str, vector_bytes: int | None = None
                             src_row = uintp(p * Ws)
                             for q in range(uintp(Q)):
                                 yf[dst + q] = wide[src_row + q]
-                part = fetch_and_increment(taken)
+                lo, hi = next_range(taken, items, parts)
             if stream:
                 store_fence()
 
@@ -523,9 +525,9 @@ def whole_plane_kernel(R: int, S: int, dtype: str):
             wt = stack_array_1d(taps, scalar)
             run_start = stack_array_1d(taps, np.uintp)
             acc = stack_array_1d(BLOCK, scalar)
-            part = fetch_and_increment(taken)
-            while part < parts:
-                for item in range(part * items // parts, (part + 1) * items // parts):
+            lo, hi = next_range(taken, items, parts)
+            while lo < hi:
+                for item in range(lo, hi):
                     n = item // K
                     k = item - n * K
                     c = k // multiplier
@@ -558,7 +560,7 @@ def whole_plane_kernel(R: int, S: int, dtype: str):
                             acc[jj] = v
                         for jj in range(uintp(min(BLOCK, HW - j0))):
                             yf[dst + uintp(j0) + jj] = acc[jj]
-                part = fetch_and_increment(taken)
+                lo, hi = next_range(taken, items, parts)
 
     return depthwise_planes
 
@@ -602,9 +604,9 @@ def gathered_plane_kernel(R: int, S: int, dtype: str):
             for t in range(taps):
                 off[t] = uintp(tap_offset[t])
             last_plane = -1
-            part = fetch_and_increment(taken)
-            while part < parts:
-                for item in range(part * items // parts, (part + 1) * items // parts):
+            lo, hi = next_range(taken, items, parts)
+            while lo < hi:
+                for item in range(lo, hi):
                     n = item // K
                     k = item - n * K
                     plane = n * C + k // multiplier
@@ -633,7 +635,7 @@ def gathered_plane_kernel(R: int, S: int, dtype: str):
                     dst = uintp(item * PQ)
                     for i in range(uintp(PQ)):
                         yf[dst + i] = row[output_index[i]]
-                part = fetch_and_increment(taken)
+                lo, hi = next_range(taken, items, parts)
 
     return depthwise_gathered
 
@@ -773,9 +775,9 @@ def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
             toff = stack_array_1d(taps, np.uintp)
             for t in range(taps):
                 toff[t] = uintp(((t // S) * dil_h * Wb + (t % S) * dil_w) * L)
-            part = fetch_and_increment(taken)
-            while part < parts:
-                for item in range(part * items // parts, (part + 1) * items // parts):
+            lo, hi = next_range(taken, items, parts)
+            while lo < hi:
+                for item in range(lo, hi):
                     band = item % bands
                     kb = (item // bands) % kblocks
                     n = item // (bands * kblocks)
@@ -873,7 +875,7 @@ def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
                         for l in range(lanes):
                             for pos in range(uintp(count)):
                                 yf[dst0 + uintp(l * PQ) + pos] = out[pos * uintp(L) + uintp(l)]
-                part = fetch_and_increment(taken)
+                lo, hi = next_range(taken, items, parts)
 
     return depthwise_channel_blocks
 

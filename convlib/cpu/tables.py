@@ -309,8 +309,8 @@ KNOBS = KnobTable("cpu", [
          "(stride 1, output the size of the image) instead of channel blocks: a plane is then a few blocks of "
          "positions, each tap one run read in place, where channel blocks transpose every element in and out "
          "(MobileNetV2's 14x14 stride-1 layers 0.47-0.53x the time on Zen 5, 0.32-0.59x under AVX2, 0.51-1.01x on "
-         "the Xeon host; 7x7, one block, 0.95-1.21x). Derived per instruction set: 256 with zmm vectors "
-         "(14x14 planes; 28x28 and 56x56 0.41-1.41x on Zen 5), 1024 with ymm (28x28 too: see _DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS)"),
+         "the Xeon host; 7x7, one block, 0.95-1.21x). Derived per instruction set "
+         "(_DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS): 256 with zmm vectors, 1024 (28x28 too) with ymm"),
     Knob("depthwise_channel_block_bytes", _DEPTHWISE_CHANNEL_BLOCK_BYTES, "bytes of a channel-blocked depthwise "
          "band's input and output buffers together: a fraction of L2, so the R*S taps reread the band from L2"),
     Knob("depthwise_channel_block_window", True, "channel-blocked depthwise steps at column strides 1 and 2 load "

@@ -2,10 +2,11 @@
 ``winograd2``, ``winograd4``.
 
 At stride 1 and dilation 1 the data pass is a forward convolution of ``dy`` with the rotated
-filters (:func:`convlib.core.problem.rotated_problem`, :mod:`convlib.cpu.rotation`), so a 3x3 layer's data pass runs the forward Winograd
-kernels of :mod:`convlib.cpu.winograd` (the same transforms, GEMM and workspace bound) on that
-problem, and ``conv_transpose2d``'s bias is the forward's bias. Served when the rotated padding is
-not negative (``padding <= R - 1`` on every side).
+filters (:func:`convlib.core.problem.rotated_problem`, :mod:`convlib.cpu.rotation`), so a 3x3
+layer's data pass runs the forward Winograd kernels of :mod:`convlib.cpu.winograd` (the same
+transforms, GEMM and workspace bound) on that problem, and ``conv_transpose2d``'s bias is the
+forward's bias. Served when the rotated padding is not negative (``padding <= R - 1`` on every
+side).
 
 Non-finite inputs: the rotated problem's padding multiplies ``w`` by zeros where the data pass
 has no product at all (``0 * inf`` would be NaN), and Winograd's transforms spread an ``inf``

@@ -11,7 +11,7 @@ ResNet-50 layers, geometric mean 1.29 vs 1.28 x PyTorch, so blis keeps the simpl
 
 from __future__ import annotations
 
-from numba import types
+from numba import njit, types
 from numba.extending import intrinsic
 
 
@@ -27,3 +27,14 @@ def fetch_and_increment(typingctx, counter):
         return builder.atomic_rmw("add", array.data, one, "monotonic")
 
     return types.int64(counter), codegen
+
+
+@njit(inline="always")
+def next_range(counter, items, parts):
+    """``(lo, hi)``: the next of ``parts`` contiguous ranges of ``range(items)`` that no thread has
+    taken yet (``counter``, 1-D int64, starts at zero), or an empty range once all are taken.
+    With ``parts <= items`` every range handed out is non-empty."""
+    part = fetch_and_increment(counter)
+    if part >= parts:
+        return items, items
+    return part * items // parts, (part + 1) * items // parts

@@ -191,8 +191,7 @@ def _planned_calls(sets: dict, measurer, full: bool) -> int:
                           + 1 + len(search.DEPTHWISE_BAND_FACTORS["full" if full else "quick"]))
     # The plane-size pick runs first, on the stride-1 shapes it can tell apart (an estimate: the
     # channel-block picks then run on the shapes that stay channel-blocked, here counted whole).
-    depthwise_small = sum(1 for s in sets["depthwise"]
-                          if s[8] == 1 and s[3] * s[4] <= max(search.DEPTHWISE_WHOLE_PLANE_POSITIONS))
+    depthwise_small = len(search.whole_plane_shapes(sets["depthwise"]))
     whole_plane_variants = len({*search.DEPTHWISE_WHOLE_PLANE_POSITIONS, KNOBS.depthwise_whole_plane_max_positions})
     auto_variants = sum(len(registry.serving_algorithms("conv2d", "cpu", measurer.arrays(s)[0])) for s in sets["auto"])
     return per * (blis_variants * len(sets["blis"]) + len(direct_blockings("float32")) * len(sets["direct"])

@@ -59,6 +59,12 @@ DEPTHWISE_BAND_FACTORS = {"quick": (0.5, 2.0, 4.0), "full": (0.25, 0.5, 2.0, 4.0
 DEPTHWISE_WHOLE_PLANE_POSITIONS = (0, 256, 1024, 4096)
 
 
+def whole_plane_shapes(shapes) -> list:
+    """The depthwise shapes whose way those values decide: stride 1, at most the largest value's
+    positions."""
+    return [s for s in shapes if s[8] == 1 and s[3] * s[4] <= max(DEPTHWISE_WHOLE_PLANE_POSITIONS)]
+
+
 @dataclass
 class Found:
     """What one search chose and measured."""
@@ -304,8 +310,7 @@ def search_depthwise(measurer: Measurer, shapes, *, full: bool) -> Found:
     """
     found = Found()
     positions = KNOBS.depthwise_whole_plane_max_positions
-    # Only stride-1 layers of at most the largest candidate's positions can tell the values apart.
-    small = [s for s in shapes if s[8] == 1 and s[3] * s[4] <= max(DEPTHWISE_WHOLE_PLANE_POSITIONS)]
+    small = whole_plane_shapes(shapes)
     if small:
         candidates = {f"{v} positions": v for v in sorted({*DEPTHWISE_WHOLE_PLANE_POSITIONS, positions})}
         label = _pick(measurer, small, "depthwise", "depthwise_whole_plane_max_positions", candidates,
