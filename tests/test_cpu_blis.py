@@ -115,7 +115,7 @@ def test_thread_split_weighs_packing_from_the_image():
     b = BlisBlocking(MC=96, KC=384, NC=1024, MR=3, NR=32)
     projection = ConvProblem(8, 512, 28, 28, 1024, 1, 1, stride=(2, 2))
     pointwise = ConvProblem(8, 512, 14, 14, 1024, 1, 1)
-    assert not blis.packs_as_plain_gemm(projection) and blis.packs_as_plain_gemm(pointwise)
+    assert not projection.columns_are_the_image and pointwise.columns_are_the_image
     assert (projection.gemm_m, projection.gemm_n, projection.gemm_k) == (
         pointwise.gemm_m, pointwise.gemm_n, pointwise.gemm_k)
     assert blis.thread_split(projection, b, 2) == (1, 2)

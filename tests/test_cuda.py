@@ -147,15 +147,15 @@ def check_against_reference(algo, case):
 @needs_cuda
 @pytest.mark.parametrize("engine", ["own", "cublas"])
 def test_im2col_engines(engine, poisoned_outputs):
-    from convlib.cuda import im2col
+    from convlib.cuda import tables
     from convlib.cuda.tables import KNOBS
 
-    if engine == "cublas" and (STATE != "gpu" or not im2col.cupy_available()):
+    if engine == "cublas" and (STATE != "gpu" or not tables.cupy_available()):
         pytest.skip("cuBLAS through CuPy needs a GPU and CuPy")
     problem = make_problem("stride-asympad-dilation-groups-bias")
     x, w, b = random_inputs(problem, seed=3)
     with KNOBS.override(im2col_gemm=engine):
-        assert im2col.resolved_engine(STATE == "simulator") == engine
+        assert tables.resolved_engine(STATE == "simulator") == engine
         y = call(problem, x, w, b, "im2col")
     assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[problem.dtype]
 
@@ -171,11 +171,11 @@ def test_winograd_matches_reference(algo, case, poisoned_outputs):
 @pytest.mark.parametrize("engine", ["own", "cublas"])
 def test_winograd_engines_and_chunks(engine, poisoned_outputs):
     """Both GEMM engines, with one chunk per image (a workspace cap of one byte)."""
-    from convlib.cuda import im2col
+    from convlib.cuda import tables
     from convlib.cuda.tables import KNOBS
     from convlib.cuda.winograd import F2
 
-    if engine == "cublas" and (STATE != "gpu" or not im2col.cupy_available()):
+    if engine == "cublas" and (STATE != "gpu" or not tables.cupy_available()):
         pytest.skip("cuBLAS through CuPy needs a GPU and CuPy")
     problem = make_problem("wino-pad1-bias-partial-tiles")
     x, w, b = random_inputs(problem, seed=13)
@@ -190,9 +190,9 @@ def test_winograd_engines_and_chunks(engine, poisoned_outputs):
 def test_allow_tf32_opts_into_tensor_cores(algo):
     """With CuPy's cuBLAS: exact FP32 by default, TF32's ~3e-4 error only when allowed -- so the
     opt-in demonstrably reaches the tensor cores."""
-    from convlib.cuda import im2col
+    from convlib.cuda import tables
 
-    if not im2col.cupy_available():
+    if not tables.cupy_available():
         pytest.skip("the TF32 path is cuBLAS through CuPy")
     problem = make_problem("wino-resnet-like")
     x, w, b = random_inputs(problem, seed=14)
@@ -241,6 +241,43 @@ def test_auto_rules_on_cuda():
     assert rule_choice(replace(thin, dtype="bfloat16"), "cuda", everything)[0] == "direct"
 
 
+@pytest.mark.parametrize("cublas", [True, False])
+def test_auto_multiplies_pointwise_layers_with_cublas_where_it_runs(monkeypatch, cublas):
+    """1x1 layers with 14x14 or larger outputs go to im2col (at stride 1 its column matrix is the
+    image) when im2col's GEMM is cuBLAS; to blis otherwise (our own GEMM, the simulator), on 7x7
+    outputs, and always for half precisions."""
+    from convlib.dispatch import select
+
+    monkeypatch.setattr(select, "_cublas_expected", lambda: cublas)
+    everything = ["direct", "im2col", "blis", "winograd", "winograd2", "winograd4"]
+    pointwise = ConvProblem(128, 256, 28, 28, 128, 1, 1)
+    assert select.rule_choice(pointwise, "cuda", everything)[0] == ("im2col" if cublas else "blis")
+    assert select.rule_choice(replace(pointwise, dtype="float16"), "cuda", everything)[0] == "blis"
+    projection = ConvProblem(128, 256, 56, 56, 512, 1, 1, stride=(2, 2))
+    assert select.rule_choice(projection, "cuda", everything)[0] == ("im2col" if cublas else "blis")
+    stage5 = ConvProblem(128, 2048, 7, 7, 512, 1, 1)
+    assert select.rule_choice(stage5, "cuda", everything)[0] == "blis"
+    padded = ConvProblem(128, 256, 28, 28, 128, 1, 1, padding=(1, 1, 1, 1))
+    assert select.rule_choice(padded, "cuda", everything)[0] == "blis"
+
+
+def test_cublas_is_expected_only_with_cupy_outside_the_simulator(monkeypatch):
+    from convlib.cuda import tables
+    from convlib.dispatch import select
+
+    monkeypatch.setattr(tables, "cupy_available", lambda: True)
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+    assert not select._cublas_expected()
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")
+    assert select._cublas_expected()
+    with tables.KNOBS.override(im2col_gemm="own"):
+        assert not select._cublas_expected()
+    monkeypatch.setattr(tables, "cupy_available", lambda: False)
+    assert not select._cublas_expected()
+    with tables.KNOBS.override(im2col_gemm="cublas"):
+        assert not select._cublas_expected()  # the call itself will say why it cannot run
+
+
 @needs_cuda
 def test_blis_without_tap_table():
     """Reductions too long for the constant-memory tap table decode taps by division instead."""
@@ -265,6 +302,25 @@ def test_im2col_batch_chunks():
         assert problem.im2col_batch_chunk() == 1
         y = call(problem, x, w, b, "im2col")
     assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[problem.dtype]
+
+
+@needs_cuda
+def test_im2col_of_a_pointwise_layer_builds_no_columns(monkeypatch):
+    """1x1, stride 1, no padding: the GEMM reads x where it lies (no workspace, no column kernel)."""
+    from convlib.cuda import im2col
+
+    x = np.random.default_rng(5).standard_normal((3, 6, 5, 7)).astype(np.float32)
+    w = np.random.default_rng(6).standard_normal((8, 3, 1, 1)).astype(np.float32)
+    b = np.random.default_rng(7).standard_normal(8).astype(np.float32)
+    problem = convlib.build_problem(x, w, b, groups=2)
+    assert im2col.workspace_bytes(problem) == 0
+
+    def no_columns(*args, **kwargs):
+        raise AssertionError("a column matrix was built")
+
+    monkeypatch.setattr(im2col, "im2col_kernel", no_columns)
+    y = convlib.conv2d(x, w, b, groups=2, algo="im2col", device="cuda")
+    assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE["float32"]
 
 
 @needs_cuda

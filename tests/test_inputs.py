@@ -118,3 +118,44 @@ def test_large_batch_runs_in_bounded_memory(rng):
     with convlib.option_context(workspace_cap=10_000):
         y = convlib.conv2d(x, w, algo="im2col")
     assert relative_error(y, conv2d_reference(x, w)) <= 1e-5
+
+
+@pytest.mark.parametrize("operation", ["conv2d", "conv2d_backward_data", "conv2d_backward_weight"])
+def test_im2col_of_a_pointwise_layer_multiplies_the_image_where_it_lies(rng, monkeypatch, operation):
+    """1x1, stride 1, no padding: the column matrix is the image, so none is built (no workspace,
+    no fill); with groups, a bias, and against the reference."""
+    from convlib.cpu import im2col
+    from convlib.dispatch import registry
+    from convlib.testing import conv2d_reference_for
+
+    x = rng.standard_normal((3, 6, 5, 7)).astype(np.float32)
+    w = rng.standard_normal((8, 3, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    p = convlib.build_problem(x, w, b, groups=2)
+    assert p.columns_are_the_image
+    assert not convlib.build_problem(x, w, b, groups=2, padding=(0, 1, 0, 0)).columns_are_the_image
+    assert not convlib.build_problem(x, w, b, groups=2, stride=(1, 2)).columns_are_the_image
+    impl = registry.implementation(operation, "cpu", "im2col")
+    assert impl.workspace_bytes(p) == 0
+
+    def no_fill(*args):
+        raise AssertionError("a column matrix was built")
+
+    monkeypatch.setattr(im2col, "fill_columns", no_fill)
+    monkeypatch.setattr("convlib.cpu.im2col_backward.fill_columns", no_fill)
+    monkeypatch.setattr("convlib.cpu.im2col_backward.fold_columns", no_fill)
+    ref = conv2d_reference_for(p, x, w, b)
+    if operation == "conv2d":
+        y = convlib.conv2d(x, w, b, groups=2, algo="im2col")
+        assert relative_error(y, ref) <= 1e-5
+        return
+    dy = rng.standard_normal(ref.shape).astype(np.float32)
+    if operation == "conv2d_backward_data":
+        got = convlib.conv2d_backward_data(dy, w, x.shape, groups=2, algo="im2col")
+        want = convlib.conv2d_backward_data(dy.astype(np.float64), w.astype(np.float64), x.shape, groups=2,
+                                            algo="direct")
+    else:
+        got = convlib.conv2d_backward_weight(x, dy, w.shape, groups=2, algo="im2col")
+        want = convlib.conv2d_backward_weight(x.astype(np.float64), dy.astype(np.float64), w.shape, groups=2,
+                                              algo="direct")
+    assert relative_error(got, want) <= 1e-5

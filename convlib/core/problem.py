@@ -167,6 +167,13 @@ class ConvProblem:
         return self.C * self.R * self.S * self.P * self.Q * self.itemsize
 
     @property
+    def columns_are_the_image(self) -> bool:
+        """1x1 filters at stride 1 without padding: each image's column matrix (``C`` rows of
+        ``P*Q = H*W`` pixels) is the image itself, so im2col multiplies the image where it lies
+        (as Caffe's ``is_1x1`` does) and blis packs its panels by a plain copy."""
+        return (self.R, self.S) == (1, 1) and self.stride == (1, 1) and not any(self.padding)
+
+    @property
     def pad_top(self) -> int:
         return self.padding[0]
 

@@ -186,13 +186,6 @@ def blis_kernel(MR: int, NR: int):
 # ------------------------------------------------------------------------------------------
 # Host side
 # ------------------------------------------------------------------------------------------
-def packs_as_plain_gemm(problem: ConvProblem) -> bool:
-    """Whether :func:`pack_b_from_image` takes its plain-GEMM path (:func:`pack_b_pointwise`)."""
-    p = problem
-    return (p.R == 1 and p.S == 1 and p.stride == (1, 1) and p.pad_top == 0 and p.pad_left == 0
-            and p.P * p.Q == p.H * p.W)
-
-
 def image_pack_cost(problem: ConvProblem, NR: int) -> float:
     """FLOP-equivalents of packing one element of B from the image: a cost per element and one per
     run of pixels that a tap copies at once (an output row; a panel's pixels of one image when the
@@ -211,7 +204,8 @@ def thread_split(problem: ConvProblem, blocking: BlisBlocking, threads: int) -> 
     # Packing costs in FLOP-equivalents of micro-kernel work (knobs): a plain copy for A and for
     # B of a 1x1 stride-1 layer, more for B packed from the image.
     copy_cost = KNOBS.blis_pack_cost_flops
-    b_cost = copy_cost if packs_as_plain_gemm(problem) else image_pack_cost(problem, b.NR)
+    # pack_b_from_image's plain-GEMM path (pack_b_pointwise) where the columns are the image.
+    b_cost = copy_cost if problem.columns_are_the_image else image_pack_cost(problem, b.NR)
     best = None
     for m_parts in range(1, threads + 1):
         if threads % m_parts:

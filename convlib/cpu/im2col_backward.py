@@ -8,7 +8,9 @@ the GEMM-based methods.
   the forward's), and ``dW_g += dY_g cols_g^T`` image by image.
 
 The batch is cut into chunks whose column matrix fits ``convlib.options.workspace_cap``, as for
-the forward im2col (the same matrix size). Compile cost: one specialisation per dtype
+the forward im2col (the same matrix size). Where the column matrix is the image itself (1x1,
+stride 1, no padding) both passes are the GEMM alone, on ``x`` and into ``dx`` where they lie.
+Compile cost: one specialisation per dtype
 (``cache=True``).
 """
 
@@ -19,7 +21,7 @@ from numba import njit, prange
 
 from ..core.problem import ConvProblem
 from .clipping import positions_inside
-from .im2col import fill_columns
+from .im2col import add_bias, fill_columns
 
 
 @njit(parallel=True, cache=True)
@@ -66,12 +68,17 @@ class _Im2col:
         return None
 
     def workspace_bytes(self, problem: ConvProblem, device=None) -> int:
-        """Bytes of one batch chunk's column matrix (the chunk sized by ``workspace_cap``)."""
+        """Bytes of one batch chunk's column matrix (the chunk sized by ``workspace_cap``); none
+        when the columns are the image itself (1x1, stride 1, no padding)."""
+        if problem.columns_are_the_image:
+            return 0
         return problem.im2col_batch_chunk() * problem.im2col_image_bytes
 
     def run(self, problem: ConvProblem, *arrays):
         p = problem
         G, Kg, PQ = p.groups, p.K_per_group, p.P * p.Q
+        if p.columns_are_the_image:
+            return self._run_in_place(p, *arrays)
         geometry = (p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1])
         chunk = p.im2col_batch_chunk()
         cols_buf = np.empty((chunk, p.C, p.R, p.S, p.P, p.Q), dtype=p.dtype)
@@ -99,6 +106,25 @@ class _Im2col:
             with np.errstate(invalid="ignore", over="ignore"):
                 for n in range(nb):
                     dw += np.matmul(dy[n0 + n].reshape(G, Kg, PQ), grouped[n].transpose(0, 2, 1))
+        return dw.reshape(p.w_shape)
+
+
+    def _run_in_place(self, p: ConvProblem, *arrays):
+        """The pass whose column matrix is ``x`` (or ``dx``) itself: the GEMM alone."""
+        G, Kg, PQ = p.groups, p.K_per_group, p.P * p.Q
+        with np.errstate(invalid="ignore", over="ignore"):
+            if self.operation == "conv2d_backward_data":
+                dy, w, bias = arrays[:3]
+                dx = np.empty(p.x_shape, p.dtype)
+                filters_t = w.reshape(G, Kg, p.gemm_k).transpose(0, 2, 1)
+                np.matmul(filters_t, dy.reshape(p.N, G, Kg, PQ), out=dx.reshape(p.N, G, p.gemm_k, PQ))
+                if bias is not None:
+                    add_bias(dx, bias)
+                return dx
+            x, dy = arrays[:2]
+            dw = np.zeros((G, Kg, p.gemm_k), p.dtype)
+            for n in range(p.N):
+                dw += np.matmul(dy[n].reshape(G, Kg, PQ), x[n].reshape(G, p.gemm_k, PQ).transpose(0, 2, 1))
         return dw.reshape(p.w_shape)
 
 

@@ -7,7 +7,9 @@ filter matrix by its ``Cg*R*S x P*Q`` slice of every image and writes ``y`` in N
 
 The workspace is the column matrix of one chunk: ``C*R*S*P*Q*itemsize`` bytes per image, chunks
 sized by :meth:`ConvProblem.im2col_batch_chunk` (256 MiB by default), allocated by the input's own
-library (PyTorch's or CuPy's pool for their arrays).
+library (PyTorch's or CuPy's pool for their arrays). A 1x1 convolution at stride 1 without padding
+has no column matrix to build (:attr:`~convlib.core.problem.ConvProblem.columns_are_the_image`):
+the GEMM reads ``x`` where it lies and there is no workspace.
 
 GEMM engines (the ``im2col_gemm`` knob of :data:`convlib.cuda.tables.KNOBS`):
 
@@ -30,12 +32,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 
 import numpy as np
 
 from ..core.options import options
-from .tables import KNOBS, launch_knob
+from .tables import launch_knob, resolved_engine
 from .tiles import choose_gemm_tile
 from .codegen import compile_kernel, unsigned_constants
 from .gemm import COLUMNS, gemm_kernel, gemm_launch_shape, shape_key
@@ -48,23 +49,6 @@ GEMM_OF_INPUTS = True
 
 
 @functools.cache
-def cupy_available() -> bool:
-    """Whether CuPy can be imported (it is never imported by convlib before it is used)."""
-    return importlib.util.find_spec("cupy") is not None
-
-
-def resolved_engine(simulator: bool) -> str:
-    """The engine the next call will use: ``"own"`` or ``"cublas"``."""
-    engine = KNOBS.im2col_gemm
-    if engine == "cublas":
-        if simulator or not cupy_available():
-            raise RuntimeError("the cublas GEMM engine needs CuPy and a real GPU (not the simulator)")
-        return "cublas"
-    if engine == "auto" and cupy_available() and not simulator:
-        return "cublas"
-    return "own"
-
-
 def supports(problem) -> str | None:
     """None unless the groups or the column rows outnumber CUDA's grid limit (direct serves those)."""
     if problem.groups > MAX_GRID_Y:
@@ -199,7 +183,10 @@ def cupy_stream(cupy, target):
 
 
 def workspace_bytes(problem, device=None) -> int:
-    """One batch chunk's column matrix (chunks sized by ``convlib.options.workspace_cap``)."""
+    """One batch chunk's column matrix (chunks sized by ``convlib.options.workspace_cap``); none
+    when the columns are the image itself."""
+    if problem.columns_are_the_image:
+        return 0
     return min(problem.im2col_batch_chunk(), MAX_GRID_Y) * problem.im2col_image_bytes
 
 
@@ -212,12 +199,13 @@ def run(problem, x, w, bias, device):
             return y
         engine = resolved_engine(target.simulator)
         key = shape_key(problem)
-        chunk = min(problem.im2col_batch_chunk(), MAX_GRID_Y)
+        in_place = problem.columns_are_the_image
+        chunk = min(problem.N if in_place else problem.im2col_batch_chunk(), MAX_GRID_Y)
         rows, PQ = problem.C * problem.R * problem.S, problem.P * problem.Q
-        columns = target.empty((chunk * rows * PQ,), problem.dtype)
+        columns = None if in_place else target.empty((chunk * rows * PQ,), problem.dtype)
         threads = pixels_per_block(target.simulator)
         pixel_blocks = -(-PQ // threads)
-        make_columns = im2col_kernel(key, target.simulator, threads)
+        make_columns = None if in_place else im2col_kernel(key, target.simulator, threads)
         xf, wf = flat(x), flat(w)
         stream = target.stream
         if engine == "own":
@@ -226,8 +214,11 @@ def run(problem, x, w, bias, device):
             b = bias if bias is not None else placeholder_bias(problem.dtype, target)
         for image0 in range(0, problem.N, chunk):
             images = min(chunk, problem.N - image0)
-            used = columns[: images * rows * PQ]
-            make_columns[(pixel_blocks, rows, images), threads, stream](xf, used, image0)
+            if in_place:
+                used = xf[image0 * rows * PQ:(image0 + images) * rows * PQ]
+            else:
+                used = columns[: images * rows * PQ]
+                make_columns[(pixel_blocks, rows, images), threads, stream](xf, used, image0)
             y_chunk = flat(y[image0:image0 + images])
             if engine == "own":
                 grid, block = gemm_launch_shape(problem, tile, images)

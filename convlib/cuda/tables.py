@@ -36,6 +36,7 @@ Which tile a problem gets is decided in :mod:`convlib.cuda.tiles` from these kno
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, replace
 
 from ..core.knobs import Knob, KnobTable
@@ -324,6 +325,24 @@ KNOBS = KnobTable("cuda", [
     Knob("im2col_gemm", "auto", "the GEMM of im2col: 'own' (our tiled kernel), 'cublas' (through CuPy) "
          "or 'auto' (cuBLAS when CuPy imports and the GPU is real)", allowed=GEMM_ENGINES),
 ])
+
+
+def cupy_available() -> bool:
+    """Whether CuPy can be imported (it is never imported by convlib before it is used)."""
+    return importlib.util.find_spec("cupy") is not None
+
+
+def resolved_engine(simulator: bool) -> str:
+    """The GEMM engine im2col's next call will use: ``"own"`` or ``"cublas"`` (the ``im2col_gemm``
+    knob; ``"auto"`` is cuBLAS when CuPy imports and the GPU is real)."""
+    engine = KNOBS.im2col_gemm
+    if engine == "cublas":
+        if simulator or not cupy_available():
+            raise RuntimeError("the cublas GEMM engine needs CuPy and a real GPU (not the simulator)")
+        return "cublas"
+    if engine == "auto" and cupy_available() and not simulator:
+        return "cublas"
+    return "own"
 
 
 def launch_knob(name: str, simulator: bool):

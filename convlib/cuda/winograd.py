@@ -54,9 +54,9 @@ from ..core.winograd_source import TransformSource
 from .codegen import compile_kernel, indent, unsigned_constants
 from .exact import repair_flagged_outputs
 from .gemm import COLUMNS, gemm_kernel, gemm_launch_shape, shape_key
-from .im2col import cublas_math, cupy_stream, resolved_engine
+from .im2col import cublas_math, cupy_stream
 from .launch import MAX_GRID_Y, flat, placeholder_bias, scalar_type
-from .tables import launch_knob
+from .tables import launch_knob, resolved_engine
 from .tiles import choose_gemm_tile
 
 

@@ -7,6 +7,7 @@ Rules first (what can serve at all), then a winner measured on this device earli
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
 from ..core.problem import ConvProblem, rotated_problem, runs_as_forward
@@ -54,11 +55,6 @@ def _winograd_pays(problem: ConvProblem, channels: int = 32, pixels: int = 256, 
             and problem.gemm_n >= pixels and min(problem.P, problem.Q) >= image)
 
 
-def _is_pointwise(problem: ConvProblem) -> bool:
-    """A 1x1, stride-1, unpadded convolution: a plain GEMM over each image's pixels."""
-    return (problem.R, problem.S) == (1, 1) and problem.stride == (1, 1) and not any(problem.padding)
-
-
 def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # The thresholds are knobs of the CPU table (auto_*): built-in values measured on this
     # project's benchmarks, or this machine's profile (python -m convlib.tune fits them).
@@ -70,7 +66,7 @@ def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # reduction there: MobileNetV2's 1x1 16>96 and 24>144 expansions (Zen 5, batch 8) took blis
     # 0.36-0.47x direct's time, whose blocks of a 56- or 112-wide image are mostly stores that wrap
     # rows; with 8 channels (8>64) direct still won, 1.2x.
-    reduction = CPU_KNOBS.auto_thin_pointwise_reduction if _is_pointwise(problem) else CPU_KNOBS.auto_thin_reduction
+    reduction = CPU_KNOBS.auto_thin_pointwise_reduction if problem.columns_are_the_image else CPU_KNOBS.auto_thin_reduction
     if _is_thin(problem, CPU_KNOBS.auto_thin_filters, reduction):
         return [("direct", f"thin GEMM (M={problem.gemm_m}, K={problem.gemm_k}): memory-bound, "
                            "direct streams the image once")]
@@ -85,7 +81,7 @@ def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # Below auto_direct_min_pixels output pixels in the batch the images are too small for direct's
     # blocks along the output rows and blis' packing of B is cheap; 8x8 images (a padded 8x8
     # output is one 80-wide block, a fifth of it thrown away) at batch 32 are just past it.
-    if (not _is_pointwise(problem) and problem.K_per_group <= CPU_KNOBS.auto_direct_max_filters
+    if (not problem.columns_are_the_image and problem.K_per_group <= CPU_KNOBS.auto_direct_max_filters
             and problem.gemm_k <= CPU_KNOBS.auto_direct_max_reduction
             and problem.gemm_n >= CPU_KNOBS.auto_direct_min_pixels):
         rules.append(("direct", "few filters and a short reduction: direct beats packing for a GEMM"))
@@ -123,8 +119,28 @@ def _cuda_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # cuBLAS and with our own GEMM alike. Smaller problems were not measured: blis keeps them.
     if _winograd_pays(problem, channels=64, pixels=6272):
         rules.append(("winograd", "3x3 stride-1 layer with many channels: F(4x4,3x3) does 4x fewer multiplications"))
+    # Measured on an H200 at batch 128 (docs/benchmarks.md): on ResNet-50's 1x1 layers with output
+    # images of 14x14 and up, cuBLAS's strided batched GEMM (on the image itself at stride 1, on a
+    # column matrix a quarter of x at stride 2) beat blis in exact FP32 and with TF32 alike: FP32
+    # 0.92-1.37x cuDNN against blis' 0.76-1.00x; on 7x7 outputs (49 columns an image) blis stayed
+    # ahead, with TF32 by 1.2-2x. Our own GEMM (without CuPy, or under the simulator) does not win:
+    # blis keeps those, and float64 (not measured).
+    if ((problem.R, problem.S) == (1, 1) and not any(problem.padding) and problem.P * problem.Q >= 14 * 14
+            and problem.dtype == "float32" and _cublas_expected()):
+        rules.append(("im2col", "1x1 layer on a 14x14 or larger output: a plain GEMM per image (on the image "
+                                "itself at stride 1), for cuBLAS"))
     rules.append(("blis", "GEMM-shaped problem: the implicit GEMM gathers image tiles straight into shared memory"))
     return rules
+
+
+def _cublas_expected() -> bool:
+    """Whether CUDA's im2col will multiply with cuBLAS (CuPy importable, a real GPU)."""
+    from ..cuda.tables import resolved_engine
+
+    try:
+        return resolved_engine(os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1") == "cublas"
+    except RuntimeError:  # the knob asks for cuBLAS where it cannot run: the call will say so
+        return False
 
 
 _RULES = {"cpu": _cpu_rules, "sycl": _sycl_rules, "cuda": _cuda_rules}
