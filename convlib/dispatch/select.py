@@ -122,7 +122,7 @@ def _cuda_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # Measured on an H200 at batch 128 (docs/benchmarks.md): on ResNet-50's 1x1 layers with output
     # images of 14x14 and up, cuBLAS's strided batched GEMM (on the image itself at stride 1, on a
     # column matrix a quarter of x at stride 2) beat blis in exact FP32 and with TF32 alike: FP32
-    # 0.92-1.37x cuDNN against blis' 0.76-1.00x; on 7x7 outputs (49 columns an image) blis stayed
+    # 0.90-1.37x cuDNN against blis' 0.80-1.07x; on 7x7 outputs (49 columns an image) blis stayed
     # ahead, with TF32 by 1.2-2x. Our own GEMM (without CuPy, or under the simulator) does not win:
     # blis keeps those, and float64 (not measured).
     if ((problem.R, problem.S) == (1, 1) and not any(problem.padding) and problem.P * problem.Q >= 14 * 14
