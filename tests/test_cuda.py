@@ -244,19 +244,24 @@ def test_auto_rules_on_cuda():
 @pytest.mark.parametrize("cublas", [True, False])
 def test_auto_multiplies_pointwise_layers_with_cublas_where_it_runs(monkeypatch, cublas):
     """1x1 layers with 14x14 or larger outputs go to im2col (at stride 1 its column matrix is the
-    image) when im2col's GEMM is cuBLAS; to blis otherwise (our own GEMM, the simulator), on 7x7
-    outputs, and always for half precisions."""
+    image; in float16 / bfloat16 only then, and without a bias) when im2col's GEMM is cuBLAS; to
+    blis otherwise (our own GEMM, the simulator) and on 7x7 outputs."""
     from convlib.dispatch import select
 
     monkeypatch.setattr(select, "_cublas_expected", lambda: cublas)
     everything = ["direct", "im2col", "blis", "winograd", "winograd2", "winograd4"]
     pointwise = ConvProblem(128, 256, 28, 28, 128, 1, 1)
     assert select.rule_choice(pointwise, "cuda", everything)[0] == ("im2col" if cublas else "blis")
-    assert select.rule_choice(replace(pointwise, dtype="float16"), "cuda", everything)[0] == "blis"
+    for half in ("float16", "bfloat16"):
+        # the half values multiplied in place by cuBLAS: not with a bias (a second rounding)
+        assert select.rule_choice(replace(pointwise, dtype=half), "cuda", everything)[0] == ("im2col" if cublas else "blis")
+        assert select.rule_choice(replace(pointwise, dtype=half, has_bias=True), "cuda", everything)[0] == "blis"
     projection = ConvProblem(128, 256, 56, 56, 512, 1, 1, stride=(2, 2))
     assert select.rule_choice(projection, "cuda", everything)[0] == ("im2col" if cublas else "blis")
     stage5 = ConvProblem(128, 2048, 7, 7, 512, 1, 1)
     assert select.rule_choice(stage5, "cuda", everything)[0] == "blis"
+    assert select.rule_choice(replace(stage5, dtype="float16"), "cuda", everything)[0] == "blis"
+    assert select.rule_choice(replace(projection, dtype="float16"), "cuda", everything)[0] == "blis"
     padded = ConvProblem(128, 256, 28, 28, 128, 1, 1, padding=(1, 1, 1, 1))
     assert select.rule_choice(padded, "cuda", everything)[0] == "blis"
 
@@ -462,6 +467,38 @@ def test_half_results_are_float32_sums_rounded_once(algo, dtype):
     assert y.dtype == x.dtype and np.isposinf(y[0, 0, 0, 0].astype(np.float32)) and np.isnan(y[0, 0, 0, 1].astype(np.float32))
     finite = np.isfinite(y.astype(np.float32))
     assert np.array_equal(got[finite], expected[finite]), f"cuda/{algo}: not float32 sums rounded once"
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", HALVES)
+def test_half_pointwise_im2col_multiplies_the_half_values_in_place(monkeypatch, dtype):
+    """A float16 / bfloat16 1x1 stride-1 layer without a bias: im2col's cuBLAS GEMM reads the half
+    values where they lie (no widened copies, no workspace) and matches the reference; with a bias
+    it widens, as before."""
+    from convlib.cuda import half, im2col, tables
+
+    if not tables.cupy_available():
+        pytest.skip("cuBLAS through CuPy")
+    problem = half_problem("1x1-deep", dtype)
+    x, w, _ = random_inputs(replace(problem, dtype="float32"), seed=21)
+    host = host_bfloat16() if dtype == "bfloat16" else np.dtype(dtype)
+    x, w = x.astype(host), w.astype(host)
+    problem = convlib.build_problem(x, w)
+    assert im2col.runs_half_in_place(problem) and half.widened(im2col).workspace_bytes(problem) == 0
+    reference = conv2d_reference_for(problem, x.astype(np.float32), w.astype(np.float32), None)
+    real_widen = half.widen
+
+    def no_widening(*args):
+        raise AssertionError("widened")
+
+    monkeypatch.setattr(half, "widen", no_widening)
+    y = convlib.conv2d(x, w, algo="im2col", device="cuda")
+    assert y.dtype == x.dtype
+    assert relative_error(y.astype(np.float32), reference) <= TOLERANCE[dtype]
+    monkeypatch.setattr(half, "widen", real_widen)
+    b = np.ones(problem.K, host)
+    with_bias = convlib.conv2d(x, w, b, algo="im2col", device="cuda")
+    assert relative_error(with_bias.astype(np.float32), reference + 1) <= TOLERANCE[dtype]
 
 
 # -- tensor cores (blis on mma.sync) ---------------------------------------------------------------

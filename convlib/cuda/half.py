@@ -1,6 +1,10 @@
 """float16 and bfloat16 on the GPU: widened to float32, computed by the float32 algorithms,
 rounded back once (:mod:`convlib.core.precision` says why every backend that accepts them does
-it this way).
+it this way). Two computations are their own: ``blis`` on tensor cores
+(:mod:`convlib.cuda.tensor_gemm`) and ``im2col`` of a 1x1 stride-1 layer without a bias, one
+cuBLAS GEMM on the half values in place (:func:`convlib.cuda.im2col.run_half_in_place`), which
+:class:`Widened` hands the call to where the inner implementation says it can
+(``runs_half_in_place``).
 
 :class:`Widened` wraps any CUDA implementation of float32 problems and keeps the implementation
 contract (:mod:`convlib.core.contracts`) for problems of a 16-bit dtype, so each algorithm serves
@@ -126,16 +130,26 @@ class Widened:
     def supports(self, problem) -> str | None:
         return self.inner.supports(problem.widened())
 
+    def _in_place(self, problem) -> bool:
+        runs = getattr(self.inner, "runs_half_in_place", None)
+        return runs is not None and runs(problem)
+
     def workspace_bytes(self, problem, device=None) -> int:
         """The inner implementation's workspace plus the float32 copies of the three tensors
-        (every operation reads two of x, w, y and writes the third) and of the bias."""
+        (every operation reads two of x, w, y and writes the third) and of the bias; none where
+        the inner implementation computes the half precision itself."""
+        if self._in_place(problem):
+            return 0
         elements = sum(math.prod(shape) for shape in (problem.x_shape, problem.w_shape, problem.y_shape))
         return self.inner.workspace_bytes(problem.widened(), device) + 4 * (elements + problem.K + problem.C)
 
     def run(self, problem, *arrays_and_device):
         """The contract's ``run``: the arrays (of ``problem.dtype``, bfloat16 as bits) widened,
-        the float32 problem solved, its result rounded back to ``problem.dtype``."""
+        the float32 problem solved, its result rounded back to ``problem.dtype``; or, where the
+        inner implementation computes the half precision itself (``runs_half_in_place``), that."""
         *arrays, target = arrays_and_device
+        if self._in_place(problem):
+            return self.inner.run_half_in_place(problem, arrays[0], arrays[1], target)
         with target.activate():
             wide = [None if a is None else widen(a, problem.dtype, target) for a in arrays]
             with _widened_inputs(self.tf32_is_exact):

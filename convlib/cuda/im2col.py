@@ -41,7 +41,7 @@ from .tiles import choose_gemm_tile
 from .codegen import compile_kernel, unsigned_constants
 from .gemm import COLUMNS, gemm_kernel, gemm_launch_shape, shape_key
 from .half import gemm_of_widened_inputs
-from .launch import MAX_GRID_Y, flat, placeholder_bias
+from .launch import MAX_GRID_Y, flat, placeholder_bias, simulator_enabled
 
 #: The GEMM multiplies a copy of ``x`` (the column matrix) by ``w``: widened float16 / bfloat16
 #: inputs are exact in TF32, so :mod:`convlib.cuda.half` lets it use tensor cores without loss.
@@ -137,6 +137,61 @@ def _cublas_chunk(problem, w, columns, y_chunk, images, target):
         if G == 1:
             a, b, out = a[0], b[:, 0], out[:, 0]
         cupy.matmul(a, b, out=out)
+
+
+#: cuBLAS's ``cudaDataType`` codes of the half precisions and its float32 compute type
+#: (library_types.h, cublas_api.h).
+_CUDA_R_16F, _CUDA_R_16BF, _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT = 2, 14, 68, -1
+
+
+def runs_half_in_place(problem) -> bool:
+    """Whether :func:`run_half_in_place` computes this float16 / bfloat16 convolution: a 1x1
+    stride-1 unpadded layer (its column matrix is the image), no bias (a bias would be a second
+    rounding after the GEMM's), and cuBLAS available (CuPy, a real GPU)."""
+    return (problem.operation == "conv2d" and problem.dtype in ("float16", "bfloat16")
+            and problem.columns_are_the_image and not problem.has_bias and cupy_available_on_gpu())
+
+
+def cupy_available_on_gpu() -> bool:
+    """Whether im2col's GEMM is cuBLAS here (CuPy importable, not the simulator; the knob allows)."""
+    try:
+        return resolved_engine(simulator_enabled()) == "cublas"
+    except RuntimeError:  # the knob asks for cuBLAS where it cannot run
+        return False
+
+
+def run_half_in_place(problem, x, w, target):
+    """``y = w @ x`` per image and group, float16 or bfloat16 in and out, by one strided batched
+    cuBLAS GEMM per group on the tensors where they lie: products and sums in float32 on tensor
+    cores, each result rounded once to the input's dtype (``CUBLAS_COMPUTE_32F``), as cuDNN's
+    half-precision convolutions do. Widening the inputs to float32 copies first took 3-10x cuDNN's
+    time on ResNet-50's 1x1 layers (H200); bfloat16 arrays are their ``uint16`` bits here, which
+    cuBLAS reads as ``CUDA_R_16BF``."""
+    import cupy
+    from cupy_backends.cuda.libs import cublas
+
+    p = problem
+    G, Kg, Cg, HW = p.groups, p.K_per_group, p.C_per_group, p.H * p.W
+    kind = _CUDA_R_16BF if p.dtype == "bfloat16" else _CUDA_R_16F
+    with target.activate():
+        y = target.empty(p.y_shape, p.dtype)
+        if p.N == 0:
+            return y
+        with cupy.cuda.Device(target.ordinal), cupy_stream(cupy, target) as stream:
+            handle = cupy.cuda.device.get_cublas_handle()
+            cublas.setStream(handle, stream.ptr)
+            one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
+            px, pw, py = (a.__cuda_array_interface__["data"][0] for a in (x, w, y))
+            size = 2  # bytes of a half element
+            for g in range(G):
+                # Column-major view: Y[n]^T (HW x Kg) = X[n]^T (HW x Cg) @ W_g^T (Cg x Kg).
+                cublas.gemmStridedBatchedEx(
+                    handle, cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_N, HW, Kg, Cg,
+                    one.ctypes.data, px + g * Cg * HW * size, kind, HW, p.C * HW,
+                    pw + g * Kg * Cg * size, kind, Cg, 0,
+                    zero.ctypes.data, py + g * Kg * HW * size, kind, HW, p.K * HW,
+                    p.N, _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
+    return y
 
 
 #: cuBLAS's ``cublasMath_t`` values (cublas_api.h; CuPy 14 names only the older ones).

@@ -112,7 +112,15 @@ def _cuda_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     if problem.dtype in ("float16", "bfloat16"):
         # blis multiplies half values on tensor cores; Winograd would widen them to float32
         # copies first (H200, batch 128, 28^2 3x3 layer: 0.14 against 0.47 ms; docs/gpu.md).
-        return [("blis", f"{problem.dtype} GEMM-shaped problem: the implicit GEMM on tensor cores")]
+        # A 1x1 stride-1 layer without a bias is one cuBLAS GEMM on the half values where they lie
+        # (convlib.cuda.im2col.run_half_in_place): 0.99-1.02x cuDNN on ResNet-50's 1x1 layers with
+        # 14x14 and larger outputs (blis 0.32-1.18x), 0.25x on 7x7 ones (blis 0.64-0.91x), H200.
+        rules = []
+        if (problem.columns_are_the_image and not problem.has_bias and problem.P * problem.Q >= 14 * 14
+                and _cublas_expected()):
+            rules.append(("im2col", f"{problem.dtype} 1x1 layer on a 14x14 or larger output: one cuBLAS GEMM "
+                                    "on the half values in place"))
+        return rules + [("blis", f"{problem.dtype} GEMM-shaped problem: the implicit GEMM on tensor cores")]
     rules = []
     # Measured on an H100 at batch 128 (docs/benchmarks.md): F(4x4,3x3) beat blis 1.9-3.3x on
     # ResNet-50's four 3x3 stride-1 layers (64-512 channels, 6272-401408 output pixels), with
