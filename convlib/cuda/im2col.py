@@ -36,7 +36,7 @@ import functools
 import numpy as np
 
 from ..core.options import options
-from .tables import launch_knob, resolved_engine
+from .tables import gemm_is_cublas, launch_knob, resolved_engine
 from .tiles import choose_gemm_tile
 from .codegen import compile_kernel, unsigned_constants
 from .gemm import COLUMNS, gemm_kernel, gemm_launch_shape, shape_key
@@ -149,15 +149,7 @@ def runs_half_in_place(problem) -> bool:
     stride-1 unpadded layer (its column matrix is the image), no bias (a bias would be a second
     rounding after the GEMM's), and cuBLAS available (CuPy, a real GPU)."""
     return (problem.operation == "conv2d" and problem.dtype in ("float16", "bfloat16")
-            and problem.columns_are_the_image and not problem.has_bias and cupy_available_on_gpu())
-
-
-def cupy_available_on_gpu() -> bool:
-    """Whether im2col's GEMM is cuBLAS here (CuPy importable, not the simulator; the knob allows)."""
-    try:
-        return resolved_engine(simulator_enabled()) == "cublas"
-    except RuntimeError:  # the knob asks for cuBLAS where it cannot run
-        return False
+            and problem.columns_are_the_image and not problem.has_bias and gemm_is_cublas(simulator_enabled()))
 
 
 def run_half_in_place(problem, x, w, target):

@@ -345,6 +345,15 @@ def resolved_engine(simulator: bool) -> str:
     return "own"
 
 
+def gemm_is_cublas(simulator: bool) -> bool:
+    """Whether im2col's next GEMM is cuBLAS (:func:`resolved_engine`); False where the knob asks
+    for cuBLAS but it cannot run (the call itself then says why)."""
+    try:
+        return resolved_engine(simulator) == "cublas"
+    except RuntimeError:
+        return False
+
+
 def launch_knob(name: str, simulator: bool):
     """The knob ``name`` (a block size, a parallelism), or its ``simulator_`` twin when numba-cuda's
     simulator runs the kernels: tiny values there still cross several blocks."""

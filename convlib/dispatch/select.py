@@ -142,13 +142,11 @@ def _cuda_rules(problem: ConvProblem) -> list[tuple[str, str]]:
 
 
 def _cublas_expected() -> bool:
-    """Whether CUDA's im2col will multiply with cuBLAS (CuPy importable, a real GPU)."""
-    from ..cuda.tables import resolved_engine
+    """Whether CUDA's im2col will multiply with cuBLAS (CuPy importable, a real GPU): numba's
+    simulator is read from the environment, as numba reads it, so that no numba module loads here."""
+    from ..cuda.tables import gemm_is_cublas
 
-    try:
-        return resolved_engine(os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1") == "cublas"
-    except RuntimeError:  # the knob asks for cuBLAS where it cannot run: the call will say so
-        return False
+    return gemm_is_cublas(os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1")
 
 
 _RULES = {"cpu": _cpu_rules, "sycl": _sycl_rules, "cuda": _cuda_rules}
