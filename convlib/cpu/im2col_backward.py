@@ -76,9 +76,9 @@ class _Im2col:
 
     def run(self, problem: ConvProblem, *arrays):
         p = problem
-        G, Kg, PQ = p.groups, p.K_per_group, p.P * p.Q
         if p.columns_are_the_image:
             return self._run_in_place(p, *arrays)
+        G, Kg, PQ = p.groups, p.K_per_group, p.P * p.Q
         geometry = (p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1])
         chunk = p.im2col_batch_chunk()
         cols_buf = np.empty((chunk, p.C, p.R, p.S, p.P, p.Q), dtype=p.dtype)
@@ -107,7 +107,6 @@ class _Im2col:
                 for n in range(nb):
                     dw += np.matmul(dy[n0 + n].reshape(G, Kg, PQ), grouped[n].transpose(0, 2, 1))
         return dw.reshape(p.w_shape)
-
 
     def _run_in_place(self, p: ConvProblem, *arrays):
         """The pass whose column matrix is ``x`` (or ``dx``) itself: the GEMM alone."""

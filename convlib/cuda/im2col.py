@@ -48,7 +48,6 @@ from .launch import MAX_GRID_Y, flat, placeholder_bias, simulator_enabled
 GEMM_OF_INPUTS = True
 
 
-@functools.cache
 def supports(problem) -> str | None:
     """None unless the groups or the column rows outnumber CUDA's grid limit (direct serves those)."""
     if problem.groups > MAX_GRID_Y:

@@ -36,6 +36,7 @@ Which tile a problem gets is decided in :mod:`convlib.cuda.tiles` from these kno
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass, replace
 
@@ -327,6 +328,7 @@ KNOBS = KnobTable("cuda", [
 ])
 
 
+@functools.cache
 def cupy_available() -> bool:
     """Whether CuPy can be imported (it is never imported by convlib before it is used)."""
     return importlib.util.find_spec("cupy") is not None

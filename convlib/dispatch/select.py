@@ -116,8 +116,7 @@ def _cuda_rules(problem: ConvProblem) -> list[tuple[str, str]]:
         # (convlib.cuda.im2col.run_half_in_place): 0.99-1.02x cuDNN on ResNet-50's 1x1 layers with
         # 14x14 and larger outputs (blis 0.32-1.18x), 0.25x on 7x7 ones (blis 0.64-0.91x), H200.
         rules = []
-        if (problem.columns_are_the_image and not problem.has_bias and problem.P * problem.Q >= 14 * 14
-                and _cublas_expected()):
+        if problem.columns_are_the_image and not problem.has_bias and _cublas_pointwise(problem):
             rules.append(("im2col", f"{problem.dtype} 1x1 layer on a 14x14 or larger output: one cuBLAS GEMM "
                                     "on the half values in place"))
         return rules + [("blis", f"{problem.dtype} GEMM-shaped problem: the implicit GEMM on tensor cores")]
@@ -133,12 +132,18 @@ def _cuda_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # 0.90-1.37x cuDNN against blis' 0.80-1.07x; on 7x7 outputs (49 columns an image) blis stayed
     # ahead, with TF32 by 1.2-2x. Our own GEMM (without CuPy, or under the simulator) does not win:
     # blis keeps those, and float64 (not measured).
-    if ((problem.R, problem.S) == (1, 1) and not any(problem.padding) and problem.P * problem.Q >= 14 * 14
-            and problem.dtype == "float32" and _cublas_expected()):
+    if problem.dtype == "float32" and _cublas_pointwise(problem):
         rules.append(("im2col", "1x1 layer on a 14x14 or larger output: a plain GEMM per image (on the image "
                                 "itself at stride 1), for cuBLAS"))
     rules.append(("blis", "GEMM-shaped problem: the implicit GEMM gathers image tiles straight into shared memory"))
     return rules
+
+
+def _cublas_pointwise(problem: ConvProblem) -> bool:
+    """A 1x1 unpadded layer with outputs of 14x14 or more, where im2col's GEMM is cuBLAS: the
+    shapes on which cuBLAS's batched GEMM beat blis (H200; the measurements are at the rules)."""
+    return ((problem.R, problem.S) == (1, 1) and not any(problem.padding) and problem.P * problem.Q >= 14 * 14
+            and _cublas_expected())
 
 
 def _cublas_expected() -> bool:
