@@ -298,6 +298,75 @@ def test_blis_without_tap_table():
     assert relative_error(y, conv2d_reference_for(problem, x, w, b)) <= TOLERANCE[problem.dtype]
 
 
+#: Stride-1 float32 layers of few channels, which direct runs on its strip kernel: partial
+#: strips and bands, filter channels in chunks that do not divide them, asymmetric padding (a
+#: staged row starting before the image), groups, bias, a 1x1 and a 5x5 filter, outputs stored
+#: as words (rows of a multiple of 4) or one by one.
+STRIP_CASES = {
+    "strips-odd-K-asympad-bias": (2, 3, 11, 8, 3, 3, 3, (1, 1), (1, 0, 2, 1), (1, 1), 1, True),
+    "strips-groups-words-out": (1, 4, 9, 8, 4, 3, 2, (1, 1), (0, 1, 1, 0), (1, 1), 2, False),
+    "strips-5x5-one-channel": (2, 1, 8, 12, 1, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 1, True),
+    "strips-1x1-tall": (1, 2, 13, 4, 3, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1, True),
+}
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", list(STRIP_CASES))
+def test_direct_strip_and_staged_kernels_match_reference(case, poisoned_outputs):
+    """direct's two kernels for stride-1 layers, the strip kernel (few channels; two layouts) and
+    the staged one (the strip kernel turned off), each against the reference."""
+    from convlib.cuda.direct import choose_strip
+    from convlib.cuda.tables import KNOBS, DirectStrip
+
+    problem = ConvProblem(*STRIP_CASES[case][:-1], "float32", STRIP_CASES[case][-1])
+    x, w, b = random_inputs(problem, seed=len(case))
+    reference = conv2d_reference_for(problem, x, w, b)
+    simulator = STATE == "simulator"
+    everywhere = {"direct_strip_min_width": 0, "direct_strip_min_work": 0}  # these shapes are tiny
+    with KNOBS.override(**everywhere):
+        assert choose_strip(problem, simulator) is not None
+        results = {"strips": call(problem, x, w, b, "direct")}
+    wide = DirectStrip(JPT=8, KB=4, threads=2, min_rows=1, max_rows=4)
+    knob = "simulator_direct_strip" if simulator else "direct_strip"
+    with KNOBS.override(**everywhere, **{knob: wide}):
+        assert choose_strip(problem, simulator) == wide
+        results["strips, 8 columns"] = call(problem, x, w, b, "direct")
+    assert choose_strip(problem, simulator) is None  # narrower than direct_strip_min_width
+    results["staged"] = call(problem, x, w, b, "direct")
+    for kernel, y in results.items():
+        err = relative_error(y, reference)
+        assert err <= TOLERANCE[problem.dtype], f"direct ({kernel}) {problem.describe()}: relative error {err:.3e}"
+
+
+@needs_cuda
+def test_direct_strip_rule():
+    """The strip kernel takes wide stride-1 float32 layers of few channels with enough work per
+    pixel; the staged kernel the rest, and inputs off a 16-byte boundary (the strips' copies)."""
+    from convlib.cuda import direct
+    from convlib.cuda.direct_strips import strip_rows
+    from convlib.cuda.tables import KNOBS
+
+    seed_wide = ConvProblem(8, 4, 2048, 2048, 4, 3, 3)
+    assert direct.choose_strip(seed_wide) == KNOBS.direct_strip
+    for refused in (ConvProblem(8, 4, 1024, 1024, 4, 3, 3),  # narrower than 2048
+                    ConvProblem(1, 1, 4096, 4096, 1, 3, 3, padding=(1, 1, 1, 1)),  # 9 multiply-adds a pixel
+                    ConvProblem(8, 8, 2048, 2048, 8, 3, 3),  # more channels
+                    ConvProblem(8, 4, 2048, 2048, 4, 3, 3, stride=(2, 2)),
+                    ConvProblem(8, 4, 2048, 2046, 4, 3, 3),  # rows not of whole 16-byte words
+                    ConvProblem(8, 4, 2048, 2048, 4, 3, 3, dtype="float64")):
+        assert direct.choose_strip(refused) is None, refused.describe()
+    assert direct.choose_strip(ConvProblem(1, 1, 4096, 4096, 1, 5, 5, padding=(2, 2, 2, 2))) is not None
+    # 2046 output rows, 8 images x 2 bands, 264 slots: one round would need strips of 128 rows
+    # (the most is 64); two rounds of strips of 62 rows walk 64 input rows, fewer than two of
+    # 63 (65) or three of 42 (3 x 44).
+    assert strip_rows(seed_wide, KNOBS.direct_strip, 8, 264) == 62
+    # The seed shape: strips of 31 rows make 264 blocks, one round of 33 input rows (32 rows: 34).
+    assert strip_rows(ConvProblem(8, 4, 1024, 1024, 4, 3, 3), KNOBS.direct_strip, 8, 264) == 31
+    if STATE == "gpu":
+        _, launches = direct._plan(seed_wide, False, 132, KNOBS.state(), False)
+        assert len(launches[0][2]) == 1, "an unaligned input must take the staged kernel"
+
+
 @needs_cuda
 def test_im2col_batch_chunks():
     """A workspace cap of one image forces one chunk per image."""

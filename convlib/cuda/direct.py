@@ -28,7 +28,8 @@ import functools
 
 import numpy as np
 
-from .tables import KNOBS, DirectTile
+from . import direct_strips
+from .tables import KNOBS, DirectStrip, DirectTile
 from .tiles import choose_direct_tile
 from .codegen import compile_kernel, indent, unsigned_constants
 from .gemm import shape_key
@@ -248,20 +249,57 @@ def run(problem, x, w, bias, device):
         y = target.empty(problem.y_shape, problem.dtype)
         if problem.N == 0:
             return y
-        kernel, launches = _plan(problem, target.simulator, KNOBS.state())
-        b = bias if bias is not None else placeholder_bias(problem.dtype, target)
         xf, wf, yf = flat(x), flat(w), flat(y)
-        for grid, block, image0 in launches:
-            kernel[grid, block, target.stream](xf, wf, b, yf, image0)
+        kernel, launches = _plan(problem, target.simulator, target.multiprocessors, KNOBS.state(), _aligned16(xf))
+        b = bias if bias is not None else placeholder_bias(problem.dtype, target)
+        for grid, block, arguments in launches:
+            kernel[grid, block, target.stream](xf, wf, b, yf, *arguments)
     return y
 
 
+def choose_strip(problem, simulator: bool = False) -> DirectStrip | None:
+    """The strip kernel's layout for ``problem``, or None where the staged kernel serves it.
+
+    The strip kernel takes what :func:`~convlib.cuda.direct_strips.serves` accepts (stride-1
+    float32 rows of a multiple of 4) where it measured faster than the staged kernel (the
+    ``direct_strip_*`` knobs, docs/gpu.md): up to ``direct_strip_max_channels`` input and output
+    channels per group, input rows of ``direct_strip_min_width`` or more, and
+    ``direct_strip_min_work`` multiply-adds per output pixel or more; and at most
+    ``direct_strip_max_products`` multiply-adds in its unrolled loop (compile time)."""
+    strip = KNOBS.simulator_direct_strip if simulator else KNOBS.direct_strip
+    most = KNOBS.direct_strip_max_channels
+    work = problem.C_per_group * problem.K_per_group * problem.R * problem.S
+    if (problem.C_per_group > most or problem.K_per_group > most or problem.W < KNOBS.direct_strip_min_width
+            or work < KNOBS.direct_strip_min_work or not direct_strips.serves(problem, strip)):
+        return None
+    products = problem.R * problem.R * problem.S * min(strip.KB, problem.K_per_group) * strip.JPT
+    return strip if products <= KNOBS.direct_strip_max_products else None
+
+
+def _aligned16(arr) -> bool:
+    """Whether the device array ``arr`` starts at a 16-byte boundary (a view may not). The
+    simulator's arrays have no device address; its word reads need none."""
+    interface = getattr(arr, "__cuda_array_interface__", None)
+    return interface is None or interface["data"][0] % 16 == 0
+
+
 @functools.lru_cache(maxsize=256)
-def _plan(problem, simulator: bool, knobs: tuple):
-    """Kernel and launches (at most 65535 images each) for ``problem`` (cached per problem and
-    knob overrides in force, ``knobs``)."""
-    tile = choose_direct_tile(problem, simulator)
+def _plan(problem, simulator: bool, multiprocessors: int, knobs: tuple, x_aligned: bool):
+    """Kernel and launches (at most 65535 images each) for ``problem`` on a GPU of
+    ``multiprocessors`` SMs (cached per problem, GPU size, knob overrides in force, ``knobs``, and
+    whether the input is 16-byte aligned, ``x_aligned``, which the strip kernel needs). A launch
+    is ``(grid, block, arguments after the arrays)``."""
     key = shape_key(problem)
+    strip = choose_strip(problem, simulator) if x_aligned else None
+    if strip is not None:
+        slots = multiprocessors * (strip.blocks_per_sm or 1)
+        launches = []
+        for image0 in range(0, problem.N, MAX_GRID_Y):
+            images = min(MAX_GRID_Y, problem.N - image0)
+            rows = direct_strips.strip_rows(problem, strip, images, slots)
+            launches.append((*direct_strips.strip_launch_shape(problem, strip, images, rows), (image0, rows)))
+        return direct_strips.strip_kernel(key, strip, simulator), tuple(launches)
+    tile = choose_direct_tile(problem, simulator)
     kernel = direct_kernel(key, tile, simulator) if tile is not None else unstaged_kernel(key)
     threads = 8 if simulator else 128
     launches = []
@@ -271,5 +309,5 @@ def _plan(problem, simulator: bool, knobs: tuple):
             grid, block = direct_launch_shape(problem, tile, images)
         else:
             grid, block = (-(-(problem.K * problem.P * problem.Q) // threads), images), threads
-        launches.append((grid, block, image0))
+        launches.append((grid, block, (image0,)))
     return kernel, tuple(launches)

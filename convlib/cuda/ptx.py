@@ -302,14 +302,17 @@ def simulated_float_bits(value) -> np.uint32:
 def simulated_load4(array, index):
     index = int(index)
     assert index % 4 == 0, f"load4 at word {index}: not 16-byte aligned"
+    if np.dtype(array.dtype) == np.float32:  # a float32 array's words are its values' bits
+        return tuple(np.uint32(_as_bits32(array[index + j])) for j in range(4))
     return tuple(np.uint32(array[index + j]) for j in range(4))
 
 
 def simulated_store4(array, index, w0, w1, w2, w3):
     index = int(index)
     assert index % 4 == 0, f"store4 at word {index}: not 16-byte aligned"
+    as_values = np.dtype(array.dtype) == np.float32
     for j, word in enumerate((w0, w1, w2, w3)):
-        array[index + j] = word
+        array[index + j] = _value32(word) if as_values else word
 
 
 def simulated_ldmatrix(array, words, base: int, lane: int):

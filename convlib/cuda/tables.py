@@ -206,6 +206,21 @@ class DirectTile:
         return (cb * rows * cols + kb * cb * problem.R * problem.S) * problem.itemsize
 
 
+@dataclass(frozen=True)
+class DirectStrip:
+    """The thread layout of direct's strip kernel (:mod:`convlib.cuda.direct_strips`): each of a
+    block's ``threads`` computes ``JPT`` consecutive output columns of ``KB`` output channels down
+    a strip of ``min_rows`` to ``max_rows`` output rows (chosen per launch); ``blocks_per_sm``
+    (or None) is the launch bound that caps a thread's registers so that many blocks fit."""
+
+    JPT: int
+    KB: int
+    threads: int
+    blocks_per_sm: int | None = None
+    min_rows: int = 8
+    max_rows: int = 64
+
+
 #: GEMM tiles per dtype, in order of preference. The selector takes the first whose BM fits M
 #: (rounded up to 16) and that gives every SM two blocks, else the fitting tile with the most
 #: blocks. 64x128 (128 threads, 8x8 each) beat 128x128 and 128x64 on 5 of 6 ResNet-50 layers at
@@ -293,6 +308,22 @@ KNOBS = KnobTable("cuda", [
          "(clamped to the steps and grid; sweeps and tests); None: the rule"),
     Knob("direct_tiles", _DIRECT_TILES, "the direct tile, shrunk per problem until its shared memory fits",
          keyed_by=("dtype",)),
+    Knob("direct_strip", DirectStrip(JPT=4, KB=4, threads=256, blocks_per_sm=2),
+         "the thread layout of direct's strip kernel (stride-1 float32 layers of few channels): of five layouts, "
+         "4 columns x 4 channels a thread, 256 threads, two blocks an SM (96 registers) ran the seed shape fastest"),
+    # Where the strip kernel runs (H100, .device/strips3.py, docs/gpu.md): 1.40x the staged kernel's
+    # speed on 4-channel 3x3 layers 2048 and 4096 wide, 1.08x on a 5x5 single-channel filter 4096
+    # wide; as fast 1024 wide, 0.38x at 256 and 0.76x on a 3x3 single-channel filter 4096 wide.
+    Knob("direct_strip_max_channels", 4, "the most input and the most output channels per group direct's strip "
+         "kernel takes (the most measured); 0 turns it off"),
+    Knob("direct_strip_min_width", 2048, "the narrowest input rows direct's strip kernel takes"),
+    Knob("direct_strip_min_work", 25, "the fewest multiply-adds per output pixel (input x output channels per group "
+         "x R x S) direct's strip kernel takes: below, its barrier per row costs more than it saves"),
+    Knob("direct_strip_max_products", 1600, "the most multiply-adds the strip kernel's unrolled row loop may "
+         "name (R rows x R x S taps x KB x JPT): numba's compile time grows with them"),
+    Knob("simulator_direct_strip", DirectStrip(JPT=4, KB=2, threads=2, min_rows=2, max_rows=3),
+         "the strip layout under the CUDA simulator: several blocks, bands, strips and channel chunks on tiny "
+         "problems"),
     Knob("gemm_tile", None, "a GemmTile every GEMM launch uses instead of the chosen one (tile sweeps); "
          "None: chosen per problem"),
     Knob("direct_tile", None, "a DirectTile every direct launch starts from instead of the table's (still "

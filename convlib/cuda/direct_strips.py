@@ -1,0 +1,245 @@
+"""Direct convolution of thin layers (few channels, stride 1): each block streams a strip of rows.
+
+On a layer with few channels (the seed shape: 4 in, 4 out, 3x3) the staged kernel of
+:mod:`convlib.cuda.direct` loads a tile, waits at a barrier, computes, and loads the next: its
+loads and multiply-adds take turns, and it rereads each tile's halo rows. Here a block owns a
+band of ``threads x JPT`` output columns of ``KB`` output channels and walks down a strip of
+``rows`` output rows. Input row ``t + 1`` (every channel of the group, the band's columns plus
+the filter's overhang) is copied into shared memory by ``cp.async`` while the block computes with
+row ``t``, so each input value crosses from device memory once and the copies overlap the
+arithmetic; one barrier per row hands the next row over.
+
+Each thread adds an input row to the ``R`` output rows it feeds: ``JPT`` consecutive columns,
+read from the staged row as aligned 16-byte words, times ``KB`` filter channels. Those output rows'
+accumulators rotate through ``R`` named slots: the row loop is unrolled ``R`` times, so input row
+``t`` always meets slot ``(t - r) mod R`` under a compile-time name, and after row ``t`` the slot
+of output row ``t - R + 1`` is complete: stored and cleared for row ``t + 1``. The channels are a
+loop (its body the ``R x S`` taps), which keeps the generated source, and numba's compile time,
+small. The block's filters sit in shared memory with the ``KB`` channels of a tap together, read
+as one vector per tap.
+
+How many rows a strip has is a launch argument: :func:`strip_rows` picks it so that the grid
+fills the GPU's block slots in as few rounds as possible.
+
+Served (:func:`serves`): stride 1, dilation 1, any padding and groups, float32 with rows of a
+multiple of 4 columns (so every row starts on a 16-byte word) and an input at a 16-byte aligned
+address (checked at each call); the staged kernel serves the rest. Every size but the batch and the
+strip length is a compile-time constant, as there.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from . import ptx
+from .codegen import compile_kernel, indent, unsigned_constants
+from .tables import SHARED_MEMORY_LIMIT, DirectStrip
+
+#: Buffers of staged input rows: one computed from, one being filled.
+BUFFERS = 2
+
+
+def serves(problem, strip: DirectStrip) -> bool:
+    """Whether the strip kernel with ``strip`` computes ``problem`` (the input's alignment aside):
+    stride 1 and dilation 1, float32 rows of a multiple of 4 columns, and its two staged rows
+    and filters within shared memory."""
+    return (problem.stride == (1, 1) and problem.dilation == (1, 1) and problem.dtype == "float32"
+            and problem.W % 4 == 0 and strip.JPT % 4 == 0
+            and shared_bytes(problem, strip) <= SHARED_MEMORY_LIMIT)
+
+
+def _row_words(problem, strip: DirectStrip) -> tuple[int, int]:
+    """``(ahead, words)``: a band's staged row starts ``ahead`` columns (the left padding rounded up
+    to a multiple of 4) before its first output column and is ``words`` 16-byte words long."""
+    ahead = -(-problem.pad_left // 4) * 4
+    skip = ahead - problem.pad_left
+    return ahead, -(-(skip + strip.threads * strip.JPT + problem.S - 1) // 4)
+
+
+def shared_bytes(problem, strip: DirectStrip) -> int:
+    """Shared memory of one block: the staged rows of every channel of the group, and filters."""
+    words = _row_words(problem, strip)[1]
+    kb = min(strip.KB, problem.K_per_group)
+    return (BUFFERS * problem.C_per_group * 4 * words + kb * problem.C_per_group * problem.R * problem.S) * 4
+
+
+def strip_rows(problem, strip: DirectStrip, n_images: int, slots: int) -> int:
+    """The output rows per strip for ``n_images`` images when ``slots`` blocks run at once: the
+    length (from ``strip.min_rows`` to ``strip.max_rows``) whose grid finishes first, counting
+    for each the rounds of ``slots`` blocks times the input rows a block walks (its rows plus
+    the filter's ``R - 1``)."""
+    per_strip = n_images * _bands(problem, strip) * _group_chunks(problem, strip)
+
+    def finish(rows):
+        blocks = per_strip * -(-problem.P // rows)
+        return -(-blocks // slots) * (rows + problem.R - 1), rows
+
+    top = max(strip.min_rows, min(strip.max_rows, problem.P))
+    return min(finish(rows) for rows in range(strip.min_rows, top + 1))[1]
+
+
+def _bands(problem, strip: DirectStrip) -> int:
+    return -(-problem.Q // (strip.threads * strip.JPT))
+
+
+def _group_chunks(problem, strip: DirectStrip) -> int:
+    return problem.groups * -(-problem.K_per_group // min(strip.KB, problem.K_per_group))
+
+
+def strip_source(key, strip: DirectStrip, simulator: bool = False) -> tuple[str, dict]:
+    """The generated kernel's source and constants (see the module docstring)."""
+    R, S = key.R, key.S
+    Cg, Kg = key.C_per_group, key.K_per_group
+    JPT, NT = strip.JPT, strip.threads
+    KB = min(strip.KB, Kg)
+    check_k = Kg % KB != 0
+    AHEAD, WORDS = _row_words(key, strip)
+    SKIP = AHEAD - key.pad_left
+    STAGE_W = 4 * WORDS
+    # A thread's window (JPT + S - 1 columns from SKIP past its first column) in aligned words.
+    WIN = JPT + S - 1
+    NV = -(-(SKIP + WIN) // 4)
+    COPIES = Cg * WORDS
+    # float32 outputs of rows whose length is a multiple of 4 leave as 16-byte words (our own
+    # allocation is aligned; a thread's JPT columns start at a multiple of 4).
+    vector_stores = key.Q % 4 == 0
+    align = "" if simulator else ", alignment=16"
+
+    def copy_row(t: str, base: str) -> list[str]:
+        """Input row ``t`` of every channel of the group into the buffer at ``base`` (zeros off the
+        image), as this thread's share of the block's ``cp.async`` copies."""
+        lines = [
+            f"ih = ih_first + I({t})",
+            f"copy_ok = U(ih) < H and {t} < rows_here + U({R - 1})",
+            "x_row = x_image + U(ih) * W if copy_ok else U(0)",
+            "e = tid",
+            "while e < COPIES:",
+            "    c = e // WORDS",
+            "    v = e - c * WORDS",
+            "    col = word_col + I(v * U(4))",
+            "    ok = copy_ok and U(col) < W",
+            f"    copy16(stage, {base} + c * STAGE_W + v * U(4), x, x_row + c * HW + U(col) if ok else U(0), "
+            "U(16) if ok else U(0))",
+            "    e += NT",
+            "copy_commit()",
+        ]
+        return lines
+
+    def row_step(i: int) -> list[str]:
+        """Input row ``t = u * R + i`` (``i`` static): row ``t + 1`` set copying, then per channel
+        the window and the multiply-adds into the slots of the output rows ``t - r`` it feeds;
+        output row ``t - R + 1`` stored and its slot cleared; row ``t + 1`` waited for."""
+        lines = [f"t = u * U({R}) + U({i})", "current = (t & U(1)) * BUFFER", "following = BUFFER - current"]
+        lines += copy_row("t + U(1)", "following")
+        lines += [
+            "for c in range(CG):",
+            "    window = current + c * STAGE_W + tid * JPT",
+            "    wc = c * RSK",
+        ]
+        lines += [f"    v_{v}_{e} = stage[window + U({4 * v + e})]" for v in range(NV) for e in range(4)]
+        lines += [f"    x_{m} = v_{(SKIP + m) // 4}_{(SKIP + m) % 4}" for m in range(WIN)]
+        for r in range(R):
+            slot = (i - r) % R
+            # Output row t - r exists when 0 <= t - r < rows_here; t >= r always holds past u = 0.
+            guard = [f"t < rows_here + U({r})"] + ([] if i >= r else ["u > U(0)"])
+            lines.append(f"    if {' and '.join(guard)}:")
+            for s in range(S):
+                tap = (r * S + s) * KB
+                lines += [f"        w_{k} = w_stage[wc + U({tap + k})]" for k in range(KB)]
+                lines += [f"        acc_{slot}_{k}_{j} += x_{j + s} * w_{k}" for k in range(KB) for j in range(JPT)]
+        done = (i + 1) % R  # the slot of output row t - R + 1
+        lines += [
+            f"o = I(t) - I({R - 1})",
+            "if o >= I(0) and o < I(rows_here):",
+            "    y_row = y_first + U(o) * Q",
+        ]
+        for k in range(KB):
+            guard = f"k0 + U({k}) < KG" if check_k else "True"
+            lines.append(f"    if {guard}:")
+            if vector_stores:
+                for j0 in range(0, JPT, 4):
+                    values = ", ".join(f"float_bits(acc_{done}_{k}_{j} + b_{k})" for j in range(j0, j0 + 4))
+                    lines += [f"        if q_ok_{j0}:", f"            store4(y, y_row + U({k} * PQ + {j0}), {values})"]
+            else:
+                for j in range(JPT):
+                    lines += [f"        if q_ok_{j}:",
+                              f"            y[y_row + U({k} * PQ + {j})] = acc_{done}_{k}_{j} + b_{k}"]
+        lines += [f"acc_{done}_{k}_{j} = zero" for k in range(KB) for j in range(JPT)]
+        # Every thread's copies of row t + 1 have landed, and every thread is done with row t's
+        # buffer, which the next step refills.
+        lines += ["copy_wait_0()", "cuda.syncthreads()"]
+        return lines
+
+    bias_lines = []
+    for k in range(KB):
+        value = f"bias[g * KG + k0 + U({k})]" if key.has_bias else "zero"
+        if key.has_bias and check_k:
+            value = f"{value} if k0 + U({k}) < KG else zero"
+        bias_lines.append(f"b_{k} = {value}")
+
+    source = f'''
+def direct_strips(x, w, bias, y, image0, rows):
+    # IN x (N*C*H*W), IN w (K*Cg*R*S), IN bias (K,), OUT y (N*K*P*Q); rows: output rows per strip
+    stage = cuda.shared.array(STAGE_LEN, dtype{align})     # BUFFERS x CG x STAGE_W: staged input rows
+    w_stage = cuda.shared.array(W_STAGE_LEN, dtype{align})  # [c][r][s][k]: KB channels of a tap together
+    tid = U(cuda.threadIdx.x)
+    block = U(cuda.blockIdx.x)
+    place = block // GROUP_CHUNKS   # consecutive blocks share one place's input rows (in L2)
+    group_chunk = block - place * GROUP_CHUNKS
+    strip = place // BANDS
+    q0 = (place - strip * BANDS) * (NT * JPT)
+    q = q0 + tid * JPT
+    g = group_chunk // K_CHUNKS
+    k0 = (group_chunk - g * K_CHUNKS) * KB
+    img = U(image0) + U(cuda.blockIdx.y)
+    e = tid
+    while e < FILTER_VALUES:
+        k = e % KB
+        tap = e // KB
+        ok = {"k0 + k < KG" if check_k else "True"}
+        w_stage[e] = w[(g * KG + k0 + k) * (CG * RS) + tap] if ok else zero
+        e += NT
+    rows_u = U(rows)
+    p0 = strip * rows_u
+    rows_here = min(rows_u, P - p0)
+    ih_first = I(p0) - TOP
+    word_col = I(q0) - I({AHEAD})
+    x_image = (img * C + g * CG) * HW
+    y_first = ((img * K + g * KG + k0) * P + p0) * Q + q
+{indent([f"q_ok_{j} = q + U({j}) < Q" for j in range(JPT)], 1)}
+{indent(bias_lines, 1)}
+{indent([f"acc_{s}_{k}_{j} = zero" for s in range(R) for k in range(KB) for j in range(JPT)], 1)}
+{indent(copy_row("U(0)", "U(0)"), 1)}
+    copy_wait_0()
+    cuda.syncthreads()
+    for u in range((rows_here + U({2 * R - 2})) // U({R})):
+{indent(sum((row_step(i) for i in range(R)), []), 2)}
+'''
+    constants = unsigned_constants(
+        C=key.C, K=key.K, H=key.H, W=key.W, HW=key.H * key.W, P=key.P, Q=key.Q, PQ=key.P * key.Q, RS=R * S,
+        RSK=R * S * KB, CG=Cg, KG=Kg, KB=KB, NT=NT, JPT=JPT, BANDS=_bands(key, strip),
+        K_CHUNKS=-(-Kg // KB), GROUP_CHUNKS=_group_chunks(key, strip), FILTER_VALUES=KB * Cg * R * S,
+        WORDS=WORDS, STAGE_W=STAGE_W, COPIES=COPIES, BUFFER=Cg * STAGE_W,
+    )
+    dtype = np.dtype(np.float32)
+    constants.update(STAGE_LEN=BUFFERS * Cg * STAGE_W, W_STAGE_LEN=KB * Cg * R * S, TOP=np.int64(key.pad_top),
+                     dtype=dtype, zero=dtype.type(0), **ptx.instructions(simulator))
+    return source, constants
+
+
+@functools.lru_cache(maxsize=None)
+def strip_kernel(key, strip: DirectStrip, simulator: bool = False):
+    """The strip kernel for the problem shape ``key``: ``kernel(x, w, bias, y, image0, rows)`` with
+    flat ``x``, ``w``, ``y`` and ``bias`` ``(K,)``, computing images ``image0 + blockIdx.y`` in
+    strips of ``rows`` output rows; launch with :func:`strip_launch_shape`."""
+    source, constants = strip_source(key, strip, simulator)
+    bounds = None if strip.blocks_per_sm is None else (strip.threads, strip.blocks_per_sm)
+    return compile_kernel(source, "direct_strips", constants, simulator=simulator, launch_bounds=bounds)
+
+
+def strip_launch_shape(problem, strip: DirectStrip, n_images: int, rows: int) -> tuple[tuple[int, int], int]:
+    """Grid and block of :func:`strip_kernel` for ``n_images`` images in strips of ``rows`` rows."""
+    strips = -(-problem.P // rows)
+    return (_group_chunks(problem, strip) * strips * _bands(problem, strip), n_images), strip.threads
