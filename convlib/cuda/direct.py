@@ -29,7 +29,7 @@ import functools
 import numpy as np
 
 from . import direct_strips
-from .tables import KNOBS, DirectStrip, DirectTile
+from .tables import KNOBS, DirectStrip, DirectTile, launch_knob
 from .tiles import choose_direct_tile
 from .codegen import compile_kernel, indent, unsigned_constants
 from .gemm import shape_key
@@ -266,7 +266,7 @@ def choose_strip(problem, simulator: bool = False) -> DirectStrip | None:
     channels per group, input rows of ``direct_strip_min_width`` or more, and
     ``direct_strip_min_work`` multiply-adds per output pixel or more; and at most
     ``direct_strip_max_products`` multiply-adds in its unrolled loop (compile time)."""
-    strip = KNOBS.simulator_direct_strip if simulator else KNOBS.direct_strip
+    strip = launch_knob("direct_strip", simulator)
     most = KNOBS.direct_strip_max_channels
     work = problem.C_per_group * problem.K_per_group * problem.R * problem.S
     if (problem.C_per_group > most or problem.K_per_group > most or problem.W < KNOBS.direct_strip_min_width
