@@ -257,6 +257,13 @@ def run(problem, x, w, bias, device):
     return y
 
 
+def strip_layout_knob(problem) -> str:
+    """The knob holding the strip kernel's thread layout for ``problem``: single-channel layers
+    (one input and one output channel per group) ran fastest in wider bands than the rest."""
+    one_channel = problem.C_per_group == 1 and problem.K_per_group == 1
+    return "direct_strip_one_channel" if one_channel else "direct_strip"
+
+
 def choose_strip(problem, simulator: bool = False) -> DirectStrip | None:
     """The strip kernel's layout for ``problem``, or None where the staged kernel serves it.
 
@@ -265,8 +272,9 @@ def choose_strip(problem, simulator: bool = False) -> DirectStrip | None:
     ``direct_strip_*`` knobs, docs/gpu.md): up to ``direct_strip_max_channels`` input and output
     channels per group, input rows of ``direct_strip_min_width`` or more, and
     ``direct_strip_min_work`` multiply-adds per output pixel or more; and at most
-    ``direct_strip_max_products`` multiply-adds in its unrolled loop (compile time)."""
-    strip = launch_knob("direct_strip", simulator)
+    ``direct_strip_max_products`` multiply-adds in its unrolled loop (compile time). Layers of one
+    input and one output channel per group take the ``direct_strip_one_channel`` layout."""
+    strip = launch_knob(strip_layout_knob(problem), simulator)
     most = KNOBS.direct_strip_max_channels
     work = problem.C_per_group * problem.K_per_group * problem.R * problem.S
     if (problem.C_per_group > most or problem.K_per_group > most or problem.W < KNOBS.direct_strip_min_width
