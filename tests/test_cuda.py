@@ -315,7 +315,7 @@ STRIP_CASES = {
 def test_direct_strip_and_staged_kernels_match_reference(case, poisoned_outputs):
     """direct's two kernels for stride-1 layers, the strip kernel (few channels; two layouts) and
     the staged one (the strip kernel turned off), each against the reference."""
-    from convlib.cuda.direct import choose_strip, strip_layout_knob
+    from convlib.cuda.direct import choose_strip
     from convlib.cuda.tables import KNOBS, DirectStrip
 
     problem = ConvProblem(*STRIP_CASES[case][:-1], "float32", STRIP_CASES[case][-1])
@@ -327,7 +327,7 @@ def test_direct_strip_and_staged_kernels_match_reference(case, poisoned_outputs)
         assert choose_strip(problem, simulator) is not None
         results = {"strips": call(problem, x, w, b, "direct")}
     wide = DirectStrip(JPT=8, KB=4, threads=2, min_rows=1, max_rows=4)
-    knob = ("simulator_" if simulator else "") + strip_layout_knob(problem)
+    knob = "simulator_direct_strip" if simulator else "direct_strip"  # an override replaces every row
     with KNOBS.override(**everywhere, **{knob: wide}):
         assert choose_strip(problem, simulator) == wide
         results["strips, 8 columns"] = call(problem, x, w, b, "direct")
@@ -348,7 +348,7 @@ def test_direct_strip_rule():
 
     seed_wide = ConvProblem(8, 4, 2048, 2048, 4, 3, 3)
     seed = ConvProblem(8, 4, 1024, 1024, 4, 3, 3)
-    assert direct.choose_strip(seed_wide) == direct.choose_strip(seed) == KNOBS.direct_strip
+    assert direct.choose_strip(seed_wide) == direct.choose_strip(seed) == KNOBS.lookup("direct_strip", "few")
     for refused in (ConvProblem(8, 4, 256, 256, 4, 3, 3),  # narrower than 512
                     ConvProblem(1, 1, 4096, 4096, 1, 3, 3, padding=(1, 1, 1, 1)),  # 9 multiply-adds a pixel
                     ConvProblem(8, 8, 2048, 2048, 8, 3, 3),  # more channels
@@ -357,17 +357,17 @@ def test_direct_strip_rule():
                     ConvProblem(8, 4, 2048, 2048, 4, 3, 3, dtype="float64")):
         assert direct.choose_strip(refused) is None, refused.describe()
     filter5 = ConvProblem(1, 1, 4096, 4096, 1, 5, 5, padding=(2, 2, 2, 2))
-    assert direct.choose_strip(filter5) == KNOBS.direct_strip_one_channel
+    assert direct.choose_strip(filter5) == KNOBS.lookup("direct_strip", "one")
     depthwise5 = ConvProblem(2, 8, 1024, 1024, 8, 5, 5, padding=(2, 2, 2, 2), groups=8)
-    assert direct.choose_strip(depthwise5) == KNOBS.direct_strip_one_channel
+    assert direct.choose_strip(depthwise5) == KNOBS.lookup("direct_strip", "one")
     # An H100 or H200: 132 SMs x 6 blocks of the default layout. The seed shape, 1022 output rows
     # in 8 images x 4 bands of 256 columns: strips of 43 rows make 24 x 32 = 768 blocks, one round
     # of 45 input rows (42 rows would need 25 x 32 = 800 blocks, two rounds).
-    assert strip_rows(seed, KNOBS.direct_strip, 8, 792) == 43
+    assert strip_rows(seed, KNOBS.lookup("direct_strip", "few"), 8, 792) == 43
     # 2046 output rows, 8 images x 8 bands: three rounds of strips of 56 rows (37 x 64 = 2368
     # blocks of 2376 slots) walk 3 x 58 input rows, fewer than four rounds of 43 (4 x 45) or
     # three of the longest, 64 (3 x 66).
-    assert strip_rows(seed_wide, KNOBS.direct_strip, 8, 792) == 56
+    assert strip_rows(seed_wide, KNOBS.lookup("direct_strip", "few"), 8, 792) == 56
     if STATE == "gpu":
         _, launches = direct._plan(seed_wide, False, 132, KNOBS.state(), False)
         assert len(launches[0][2]) == 1, "an unaligned input must take the staged kernel"

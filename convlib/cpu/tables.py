@@ -128,8 +128,8 @@ class DirectBlocking:
 #: loop LLVM schedules without spilling). float64 halves NR (same bytes per vector register row).
 #: AVX2's MC=192, KC=512 (from 96, 384): on a Zen 3 (32 KiB L1d, 512 KiB L2), 2 threads, nine of
 #: ResNet-50's GEMM-shaped layers took 0.905x and 0.980x the time in geomean, two interleaved runs
-#: (``python .device/blis_kc.py "96,384,1024,3,32;192,512,1024,3,32"``), and the tuner chose KC=512
-#: there twice.
+#: of blis under ``KNOBS.override(blis_blocking=...)`` (a git-ignored script, docs/benchmarks.md),
+#: and ``python -m convlib.tune`` chose KC=512 there twice.
 _BLIS_BLOCKING = {
     ("avx512", "float32"): BlisBlocking(MC=96, KC=384, NC=1024, MR=6, NR=64),
     ("avx512", "float64"): BlisBlocking(MC=96, KC=256, NC=1024, MR=6, NR=32),

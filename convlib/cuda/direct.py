@@ -29,7 +29,7 @@ import functools
 import numpy as np
 
 from . import direct_strips
-from .tables import KNOBS, DirectStrip, DirectTile, launch_knob
+from .tables import KNOBS, DirectStrip, DirectTile
 from .tiles import choose_direct_tile
 from .codegen import compile_kernel, indent, unsigned_constants
 from .gemm import shape_key
@@ -257,11 +257,10 @@ def run(problem, x, w, bias, device):
     return y
 
 
-def strip_layout_knob(problem) -> str:
-    """The knob holding the strip kernel's thread layout for ``problem``: single-channel layers
-    (one input and one output channel per group) ran fastest in wider bands than the rest."""
-    one_channel = problem.C_per_group == 1 and problem.K_per_group == 1
-    return "direct_strip_one_channel" if one_channel else "direct_strip"
+def strip_channels(problem) -> str:
+    """The row of the ``direct_strip`` knob for ``problem``: ``"one"`` input and output channel
+    per group (filters, depthwise layers ran fastest in wider bands) or ``"few"``."""
+    return "one" if problem.C_per_group == 1 and problem.K_per_group == 1 else "few"
 
 
 def choose_strip(problem, simulator: bool = False) -> DirectStrip | None:
@@ -272,9 +271,9 @@ def choose_strip(problem, simulator: bool = False) -> DirectStrip | None:
     ``direct_strip_*`` knobs, docs/gpu.md): up to ``direct_strip_max_channels`` input and output
     channels per group, input rows of ``direct_strip_min_width`` or more, and
     ``direct_strip_min_work`` multiply-adds per output pixel or more; and at most
-    ``direct_strip_max_products`` multiply-adds in its unrolled loop (compile time). Layers of one
-    input and one output channel per group take the ``direct_strip_one_channel`` layout."""
-    strip = launch_knob(strip_layout_knob(problem), simulator)
+    ``direct_strip_max_products`` multiply-adds in its unrolled loop (compile time). The layout is
+    the ``direct_strip`` row for the layer's channels (:func:`strip_channels`)."""
+    strip = KNOBS.simulator_direct_strip if simulator else KNOBS.lookup("direct_strip", strip_channels(problem))
     most = KNOBS.direct_strip_max_channels
     work = problem.C_per_group * problem.K_per_group * problem.R * problem.S
     if (problem.C_per_group > most or problem.K_per_group > most or problem.W < KNOBS.direct_strip_min_width

@@ -221,6 +221,18 @@ class DirectStrip:
     max_rows: int = 64
 
 
+#: The strip kernel's layout by channels per group (``direct.strip_channels``). "few" (up to
+#: ``direct_strip_max_channels``): of 14 layouts, 4 columns x 4 channels a thread, 64 threads
+#: (bands of 256 columns), six blocks an SM ran the seed shape fastest (H200: 0.112 ms; 256
+#: threads, two blocks: 0.131) and the batch sweep at 1024^2. "one" (one input and one output
+#: channel): 128 threads, four blocks an SM ran a 5x5 filter on 4096^2 in 0.063 ms on an H200,
+#: 256 threads 0.069, 64 threads 0.078.
+_DIRECT_STRIPS = {
+    "few": DirectStrip(JPT=4, KB=4, threads=64, blocks_per_sm=6),
+    "one": DirectStrip(JPT=4, KB=4, threads=128, blocks_per_sm=4),
+}
+
+
 #: GEMM tiles per dtype, in order of preference. The selector takes the first whose BM fits M
 #: (rounded up to 16) and that gives every SM two blocks, else the fitting tile with the most
 #: blocks. 64x128 (128 threads, 8x8 each) beat 128x128 and 128x64 on 5 of 6 ResNet-50 layers at
@@ -308,14 +320,9 @@ KNOBS = KnobTable("cuda", [
          "(clamped to the steps and grid; sweeps and tests); None: the rule"),
     Knob("direct_tiles", _DIRECT_TILES, "the direct tile, shrunk per problem until its shared memory fits",
          keyed_by=("dtype",)),
-    Knob("direct_strip", DirectStrip(JPT=4, KB=4, threads=64, blocks_per_sm=6),
-         "the thread layout of direct's strip kernel (stride-1 float32 layers of few channels): of 14 layouts, "
-         "4 columns x 4 channels a thread, 64 threads (bands of 256 columns), six blocks an SM ran the seed "
-         "shape fastest (H200: 0.112 ms; 256 threads, two blocks: 0.131), and the batch sweep at 1024^2"),
-    Knob("direct_strip_one_channel", DirectStrip(JPT=4, KB=4, threads=128, blocks_per_sm=4),
-         "the strip kernel's layout for one input and one output channel per group (image filters, "
-         "depthwise): 128 threads, four blocks an SM ran a 5x5 filter on 4096^2 in 0.063 ms on an H200, "
-         "256 threads 0.069, 64 threads 0.078"),
+    Knob("direct_strip", _DIRECT_STRIPS, "the thread layout of direct's strip kernel (stride-1 float32 layers of "
+         "few channels), by channels per group: 'one' input and output channel (filters, depthwise) or 'few'",
+         keyed_by=("channels",)),
     # Where the strip kernel runs (H200, .device/strips6.py, docs/gpu.md): 1.18-1.27x the staged
     # kernel's speed on 4-channel 3x3 layers 1024 wide (N=8..80), 1.46x 2048 wide, 1.64x 4096 wide,
     # 1.14x 512 wide, 1.29x on a 5x5 single-channel filter 4096 wide; 0.72x at 256 wide. On an
@@ -331,8 +338,6 @@ KNOBS = KnobTable("cuda", [
     Knob("simulator_direct_strip", DirectStrip(JPT=4, KB=2, threads=2, min_rows=2, max_rows=3),
          "the strip layout under the CUDA simulator: several blocks, bands, strips and channel chunks on tiny "
          "problems"),
-    Knob("simulator_direct_strip_one_channel", DirectStrip(JPT=4, KB=2, threads=2, min_rows=2, max_rows=3),
-         "direct_strip_one_channel under the CUDA simulator"),
     Knob("gemm_tile", None, "a GemmTile every GEMM launch uses instead of the chosen one (tile sweeps); "
          "None: chosen per problem"),
     Knob("direct_tile", None, "a DirectTile every direct launch starts from instead of the table's (still "
