@@ -361,13 +361,18 @@ def test_direct_strip_rule():
     depthwise5 = ConvProblem(2, 8, 1024, 1024, 8, 5, 5, padding=(2, 2, 2, 2), groups=8)
     assert direct.choose_strip(depthwise5) == KNOBS.lookup("direct_strip", "one")
     # An H100 or H200: 132 SMs x 6 blocks of the default layout. The seed shape, 1022 output rows
-    # in 8 images x 4 bands of 256 columns: strips of 43 rows make 24 x 32 = 768 blocks, one round
-    # of 45 input rows (42 rows would need 25 x 32 = 800 blocks, two rounds).
-    assert strip_rows(seed, KNOBS.lookup("direct_strip", "few"), 8, 792) == 43
-    # 2046 output rows, 8 images x 8 bands: three rounds of strips of 56 rows (37 x 64 = 2368
-    # blocks of 2376 slots) walk 3 x 58 input rows, fewer than four rounds of 43 (4 x 45) or
-    # three of the longest, 64 (3 x 66).
-    assert strip_rows(seed_wide, KNOBS.lookup("direct_strip", "few"), 8, 792) == 56
+    # in 8 images x 4 bands of 256 columns: one round holds 792 // 32 = 24 strips a band, so
+    # strips of 43 rows (24 x 32 = 768 blocks; 42 rows would need 25 strips, two rounds).
+    few = KNOBS.lookup("direct_strip", "few")
+    assert strip_rows(seed, few, 8, 792) == 43
+    # 2046 output rows, 8 images x 8 bands: one round holds 12 strips a band, which would be 171
+    # rows, longer than max_rows: many rounds of the shortest strips, min_rows.
+    assert strip_rows(seed_wide, few, 8, 792) == few.min_rows == 16
+    # Shorter than min_rows, the strip is the image.
+    assert strip_rows(ConvProblem(8, 4, 12, 1024, 4, 3, 3), few, 8, 792) == 10
+    # A 5x5 filter on 4096^2 padded by 2 (4096 rows, 8 bands of 512 columns; 132 SMs x 4 blocks):
+    # one round holds 66 strips a band, of 63 rows.
+    assert strip_rows(filter5, KNOBS.lookup("direct_strip", "one"), 1, 528) == 63
     if STATE == "gpu":
         _, launches = direct._plan(seed_wide, False, 132, KNOBS.state(), False)
         assert len(launches[0][2]) == 1, "an unaligned input must take the staged kernel"

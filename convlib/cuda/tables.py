@@ -217,7 +217,7 @@ class DirectStrip:
     KB: int
     threads: int
     blocks_per_sm: int | None = None
-    min_rows: int = 8
+    min_rows: int = 16
     max_rows: int = 64
 
 
@@ -326,8 +326,9 @@ KNOBS = KnobTable("cuda", [
     # Where the strip kernel runs (H200, .device/strips6.py, docs/gpu.md): 1.18-1.27x the staged
     # kernel's speed on 4-channel 3x3 layers 1024 wide (N=8..80), 1.46x 2048 wide, 1.64x 4096 wide,
     # 1.14x 512 wide, 1.29x on a 5x5 single-channel filter 4096 wide; 0.72x at 256 wide. On an
-    # H100 (.device/strips4.py): the seed 1.24x, but N=32 1024 wide 0.97x the staged kernel's speed
-    # and 2048 wide 0.90x the 256-thread layout's: a layout per GPU is not made yet.
+    # H100 the seed 1.24x, and since strips are 16 rows long wherever one round cannot hold the
+    # grid (direct_strips.strip_rows), N=16-64 1024 wide 1.09-1.12x and 2048 wide 1.46x the staged
+    # kernel's speed (docs/benchmarks.md, "Strip length").
     Knob("direct_strip_max_channels", 4, "the most input and the most output channels per group direct's strip "
          "kernel takes (the most measured); 0 turns it off"),
     Knob("direct_strip_min_width", 512, "the narrowest input rows direct's strip kernel takes"),
