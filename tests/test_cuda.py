@@ -331,6 +331,10 @@ def test_direct_strip_and_staged_kernels_match_reference(case, poisoned_outputs)
     with KNOBS.override(**everywhere, **{knob: wide}):
         assert choose_strip(problem, simulator) == wide
         results["strips, 8 columns"] = call(problem, x, w, b, "direct")
+    two_ahead = DirectStrip(JPT=4, KB=2, threads=2, min_rows=2, max_rows=3, rows_ahead=2)
+    with KNOBS.override(**everywhere, **{knob: two_ahead}):
+        assert choose_strip(problem, simulator) == two_ahead
+        results["strips, two rows copied ahead"] = call(problem, x, w, b, "direct")
     assert choose_strip(problem, simulator) is None  # narrower than direct_strip_min_width
     results["staged"] = call(problem, x, w, b, "direct")
     for kernel, y in results.items():

@@ -4,10 +4,11 @@ On a layer with few channels (the seed shape: 4 in, 4 out, 3x3) the staged kerne
 :mod:`convlib.cuda.direct` loads a tile, waits at a barrier, computes, and loads the next: its
 loads and multiply-adds take turns, and it rereads each tile's halo rows. Here a block owns a
 band of ``threads x JPT`` output columns of ``KB`` output channels and walks down a strip of
-``rows`` output rows. Input row ``t + 1`` (every channel of the group, the band's columns plus
-the filter's overhang) is copied into shared memory by ``cp.async`` while the block computes with
-row ``t``, so each input value crosses from device memory once and the copies overlap the
-arithmetic; one barrier per row hands the next row over.
+``rows`` output rows. Input rows ``t + 1`` to ``t + rows_ahead`` (every channel of the group, the
+band's columns plus the filter's overhang) are being copied into shared memory by ``cp.async``
+while the block computes with row ``t``, so each input value crosses from device memory once and
+the copies overlap the arithmetic; one barrier per row hands the next row over. One row ahead
+suits rows of four channels; single-channel rows (2 KiB a band) keep two in flight.
 
 Each thread adds an input row to the ``R`` output rows it feeds: ``JPT`` consecutive columns,
 read from the staged row as aligned 16-byte words, times ``KB`` filter channels. Those output rows'
@@ -38,16 +39,13 @@ from . import ptx
 from .codegen import compile_kernel, indent, unsigned_constants
 from .tables import SHARED_MEMORY_LIMIT, DirectStrip
 
-#: Buffers of staged input rows: one computed from, one being filled.
-BUFFERS = 2
-
-
 def serves(problem, strip: DirectStrip) -> bool:
     """Whether the strip kernel with ``strip`` computes ``problem`` (the input's alignment aside):
     stride 1 and dilation 1, float32 rows of a multiple of 4 columns, and its two staged rows
     and filters within shared memory."""
     return (problem.stride == (1, 1) and problem.dilation == (1, 1) and problem.dtype == "float32"
             and problem.W % 4 == 0 and strip.JPT % 4 == 0
+            and 1 <= strip.rows_ahead < ptx.COPY_GROUPS_IN_FLIGHT
             and shared_bytes(problem, strip) <= SHARED_MEMORY_LIMIT)
 
 
@@ -63,7 +61,8 @@ def shared_bytes(problem, strip: DirectStrip) -> int:
     """Shared memory of one block: the staged rows of every channel of the group, and filters."""
     words = _row_words(problem, strip)[1]
     kb = min(strip.KB, problem.K_per_group)
-    return (BUFFERS * problem.C_per_group * 4 * words + kb * problem.C_per_group * problem.R * problem.S) * 4
+    buffers = strip.rows_ahead + 1  # one computed from, the rest being filled
+    return (buffers * problem.C_per_group * 4 * words + kb * problem.C_per_group * problem.R * problem.S) * 4
 
 
 def strip_rows(problem, strip: DirectStrip, n_images: int, slots: int) -> int:
@@ -115,6 +114,8 @@ def strip_source(key, strip: DirectStrip, simulator: bool = False) -> tuple[str,
     # allocation is aligned; a thread's JPT columns start at a multiple of 4).
     vector_stores = key.Q % 4 == 0
     align = "" if simulator else ", alignment=16"
+    ROWS_AHEAD = strip.rows_ahead
+    BUFFERS = ROWS_AHEAD + 1  # staged input rows: one computed from, ROWS_AHEAD being filled
 
     def copy_row(t: str, base: str) -> list[str]:
         """Input row ``t`` of every channel of the group into the buffer at ``base`` (zeros off the
@@ -140,8 +141,9 @@ def strip_source(key, strip: DirectStrip, simulator: bool = False) -> tuple[str,
         """Input row ``t = u * R + i`` (``i`` static): row ``t + 1`` set copying, then per channel
         the window and the multiply-adds into the slots of the output rows ``t - r`` it feeds;
         output row ``t - R + 1`` stored and its slot cleared; row ``t + 1`` waited for."""
-        lines = [f"t = u * U({R}) + U({i})", "current = (t & U(1)) * BUFFER", "following = BUFFER - current"]
-        lines += copy_row("t + U(1)", "following")
+        lines = [f"t = u * U({R}) + U({i})", f"current = (t % U({BUFFERS})) * BUFFER",
+                 f"following = ((t + U({ROWS_AHEAD})) % U({BUFFERS})) * BUFFER"]
+        lines += copy_row(f"t + U({ROWS_AHEAD})", "following")
         lines += [
             "for c in range(CG):",
             "    window = current + c * STAGE_W + tid * JPT",
@@ -176,9 +178,10 @@ def strip_source(key, strip: DirectStrip, simulator: bool = False) -> tuple[str,
                     lines += [f"        if q_ok_{j}:",
                               f"            y[y_row + U({k} * PQ + {j})] = acc_{done}_{k}_{j} + b_{k}"]
         lines += [f"acc_{done}_{k}_{j} = zero" for k in range(KB) for j in range(JPT)]
-        # Every thread's copies of row t + 1 have landed, and every thread is done with row t's
-        # buffer, which the next step refills.
-        lines += ["copy_wait_0()", "cuda.syncthreads()"]
+        # Every thread's copies of row t + 1 have landed (those of the ROWS_AHEAD - 1 rows after it
+        # may still be in flight), and every thread is done with row t's buffer, which the next
+        # step refills.
+        lines += [f"copy_wait_{ROWS_AHEAD - 1}()", "cuda.syncthreads()"]
         return lines
 
     bias_lines = []
@@ -191,7 +194,7 @@ def strip_source(key, strip: DirectStrip, simulator: bool = False) -> tuple[str,
     source = f'''
 def direct_strips(x, w, bias, y, image0, rows):
     # IN x (N*C*H*W), IN w (K*Cg*R*S), IN bias (K,), OUT y (N*K*P*Q); rows: output rows per strip
-    stage = cuda.shared.array(STAGE_LEN, dtype{align})     # BUFFERS x CG x STAGE_W: staged input rows
+    stage = cuda.shared.array(STAGE_LEN, dtype{align})     # {BUFFERS} x CG x STAGE_W: staged input rows
     w_stage = cuda.shared.array(W_STAGE_LEN, dtype{align})  # [c][r][s][k]: KB channels of a tap together
     tid = U(cuda.threadIdx.x)
     block = U(cuda.blockIdx.x)
@@ -220,8 +223,8 @@ def direct_strips(x, w, bias, y, image0, rows):
 {indent([f"q_ok_{j} = q + U({j}) < Q" for j in range(JPT)], 1)}
 {indent(bias_lines, 1)}
 {indent([f"acc_{s}_{k}_{j} = zero" for s in range(R) for k in range(KB) for j in range(JPT)], 1)}
-{indent(copy_row("U(0)", "U(0)"), 1)}
-    copy_wait_0()
+{indent(sum((copy_row(f"U({t})", f"U({t} * BUFFER)") for t in range(ROWS_AHEAD)), []), 1)}
+    copy_wait_{ROWS_AHEAD - 1}()
     cuda.syncthreads()
     for u in range((rows_here + U({2 * R - 2})) // U({R})):
 {indent(sum((row_step(i) for i in range(R)), []), 2)}
