@@ -232,6 +232,9 @@ def test_tune_writes_a_profile_that_the_next_process_uses(profile_env):
     assert saved["mode"] == "quick" and saved["machine"] == cpu_profile.machine_identity()
     assert {"auto", "direct speeds", "winograd register tile", "depthwise ways"} <= set(saved["measurements"])
     assert "tuned in" in result.report()
+    assert list(result.stage_seconds) == ["blis", "direct", "winograd", "depthwise", "auto"]
+    assert all(seconds > 0 for seconds in result.stage_seconds.values())
+    assert sum(result.stage_seconds.values()) <= result.seconds
     # A new process finds the same values through the knob table.
     shown = subprocess.run([sys.executable, "-m", "convlib.tune", "--show"], capture_output=True, text=True,
                            check=True).stdout

@@ -24,9 +24,10 @@ A value replaces the one in force only when it is 3% faster in geometric mean ov
 convlib version) and used from then on by the kernels and ``auto``, in this process and the
 next; ``python -m convlib.tune --show`` prints it, ``--forget`` deletes it.
 
-The quick mode (default) takes about two minutes on two cores once the kernels are compiled
-(``python -m convlib.tune`` prints what it spent); ``mode="full"`` tries more values and takes
-longer. Only float32 is tuned; float64 keeps the table's rows.
+The quick mode (default) takes one to two minutes on two cores once the kernels are compiled;
+the first run on a machine also compiles them (about ten minutes on a 2-core Zen 3 with an empty
+numba cache). ``python -m convlib.tune`` prints what each stage spent; ``mode="full"`` tries more
+values and takes longer. Only float32 is tuned; float64 keeps the table's rows.
 
 ``convlib.tune`` is this module, and calling it runs :func:`tune`.
 """
@@ -62,6 +63,9 @@ class TuneResult:
         One line per decision, for people.
     measurements : dict
         Every time measured, as stored in the profile.
+    stage_seconds : dict
+        Seconds each stage took (``"blis"``, ``"direct"``, ...), first kernel compilations
+        included: where a first run's time went.
     """
 
     knobs: dict
@@ -69,11 +73,13 @@ class TuneResult:
     seconds: float
     lines: list = field(default_factory=list)
     measurements: dict = field(default_factory=dict)
+    stage_seconds: dict = field(default_factory=dict)
 
     def report(self) -> str:
-        """The decisions, one per line, and where they were saved."""
+        """The decisions, one per line, the time of each stage, and where they were saved."""
         where = f"profile: {self.path}" if self.path else "not saved (save=False)"
-        return "\n".join([*self.lines, f"tuned in {self.seconds:.0f} s; {where}"])
+        stages = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.stage_seconds.items())
+        return "\n".join([*self.lines, f"tuned in {self.seconds:.0f} s ({stages}); {where}"])
 
 
 def _progress_bar(total: int, enabled: bool):
@@ -134,7 +140,7 @@ def tune(mode: str = "quick", *, progress: bool = True, save: bool = True, path=
     set_num_threads(int(config.NUMBA_NUM_THREADS))  # what the profile is keyed by
     measurer = search.Measurer(repeats=9 if full else 5, max_seconds=2.0 if full else 0.4)
     say = (lambda line: print(f"tune: {line}", file=sys.stderr, flush=True)) if progress else (lambda line: None)
-    found_knobs, measurements, lines = {}, {}, [search.cache_line()]
+    found_knobs, measurements, lines, stage_seconds = {}, {}, [search.cache_line()], {}
     say(lines[0])
     bar = _progress_bar(_planned_calls(sets, measurer, full), progress)
     if bar is not None:
@@ -151,7 +157,9 @@ def tune(mode: str = "quick", *, progress: bool = True, save: bool = True, path=
         for name, run in stages:
             if bar is not None:
                 bar.set_description(f"tune {name}")
+            stage_started = time.perf_counter()
             found = run()
+            stage_seconds[name] = time.perf_counter() - stage_started
             found_knobs.update(found.knobs)
             measurements.update(found.record)
             # Later stages measure with what the earlier ones chose (auto times the tuned kernels).
@@ -172,7 +180,7 @@ def tune(mode: str = "quick", *, progress: bool = True, save: bool = True, path=
     seconds = time.perf_counter() - started
     saved = cpu_profile.save_profile(found_knobs, measurements, table=(KNOBS.knobs(), VALUE_TYPES),
                                      mode=mode, seconds=seconds, path=path) if save else None
-    return TuneResult(found_knobs, saved, seconds, lines, measurements)
+    return TuneResult(found_knobs, saved, seconds, lines, measurements, stage_seconds)
 
 
 def _planned_calls(sets: dict, measurer, full: bool) -> int:
