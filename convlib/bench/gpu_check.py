@@ -153,8 +153,8 @@ def gpu_times(fn, reps=20, warmup=3) -> list[float]:
     return [t * 1e3 for t in timing.times_s]
 
 
-def wall_ms(fn, reps=10) -> float:
-    """Median host milliseconds of one call of ``fn`` followed by a device synchronisation."""
+def _synchronised(fn):
+    """``fn`` followed by a device synchronisation (to time a call's host wall time)."""
     import torch
 
     def synchronised():
@@ -162,10 +162,20 @@ def wall_ms(fn, reps=10) -> float:
         torch.cuda.synchronize()
         return out
 
-    timing = time_interleaved({"fn": synchronised}, reps, warmup=1)["fn"]
-    if timing.error is not None:
-        raise timing.error
-    return timing.median_s * 1e3
+    return synchronised
+
+
+def _with_knobs(fn, overrides: dict | None):
+    """``fn`` run under ``KNOBS.override(**overrides)`` (CUDA knobs), or ``fn`` itself."""
+    if not overrides:
+        return fn
+    from convlib.cuda.tables import KNOBS
+
+    def under_overrides():
+        with KNOBS.override(**overrides):
+            return fn()
+
+    return under_overrides
 
 
 # -- the runs -----------------------------------------------------------------------------------------
@@ -222,11 +232,12 @@ def bench_case(label, problem, algos, reps, check=True, tiles=None, dtype="float
         runs["cudnn-tf32"] = _cudnn(problem, tx, tw, True)
     for algo in algos:
         runs[algo] = _ours(problem, algo, tx, tw)
+    checked = {}
     for name, run in runs.items():
-        entry = {}
+        entry = row["results"][name] = {}
+        overrides = tiles.get(name) if tiles else None
         try:
-            context = KNOBS.override(**tiles[name]) if tiles and name in tiles else contextlib.nullcontext()
-            with context:
+            with KNOBS.override(**overrides) if overrides else contextlib.nullcontext():
                 t0 = time.perf_counter()
                 with _poisoned_allocations():
                     y = run()
@@ -235,13 +246,24 @@ def bench_case(label, problem, algos, reps, check=True, tiles=None, dtype="float
                 if ref is not None:
                     entry["rel_error"] = float(torch.linalg.norm(y.double() - ref) / torch.linalg.norm(ref))
                 del y
-                times = gpu_times(run, reps=reps)
-                entry["gpu_ms"] = statistics.median(times)
-                entry["gpu_ms_min"] = min(times)
-                entry["wall_ms"] = wall_ms(run, reps=max(3, reps // 2))
+            checked[name] = _with_knobs(run, overrides)
         except Exception as exc:  # noqa: BLE001 - a failing variant is reported, the run goes on
             entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
-        row["results"][name] = entry
+    # Every variant's calls interleaved round by round, so a drift of the GPU's clocks or of a
+    # neighbour's load falls on all of them alike.
+    gpu = time_interleaved(checked, reps, warmup=3, clock=CudaEventClock())
+    wall = time_interleaved({name: _synchronised(run) for name, run in checked.items()}, max(3, reps // 2), warmup=1)
+    for name in runs:
+        entry = row["results"][name]
+        if name in checked:
+            if gpu[name].error is not None or wall[name].error is not None:
+                error = gpu[name].error or wall[name].error
+                entry["error"] = f"{type(error).__name__}: {error}"[:300]
+            else:
+                times = [t * 1e3 for t in gpu[name].times_s]
+                entry["gpu_ms"] = statistics.median(times)
+                entry["gpu_ms_min"] = min(times)
+                entry["wall_ms"] = wall[name].median_s * 1e3
         print(f"  {label:28s} {name:22s} " + " ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in entry.items()), flush=True)
     return row
