@@ -33,7 +33,6 @@ Writes ``gpu-check.json`` (every number), ``gpu-check.md`` (the tables) and ``te
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import math
@@ -165,6 +164,11 @@ def _synchronised(fn):
     return synchronised
 
 
+def _error_text(exc: BaseException) -> str:
+    """How a failed variant is reported: its exception's type and message, cut short."""
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
 def _with_knobs(fn, overrides: dict | None):
     """``fn`` run under ``KNOBS.override(**overrides)`` (CUDA knobs), or ``fn`` itself."""
     if not overrides:
@@ -217,8 +221,6 @@ def bench_case(label, problem, algos, reps, check=True, tiles=None, dtype="float
     ``problem`` with ``dtype`` tensors (channels-first on both sides); returns a row of the tables."""
     import torch
 
-    from convlib.cuda.tables import KNOBS
-
     torch.backends.cudnn.benchmark = True
     gen = torch.Generator(device="cuda").manual_seed(0)
     tx = torch.randn(problem.x_shape, device="cuda", generator=gen).to(getattr(torch, dtype))
@@ -235,20 +237,19 @@ def bench_case(label, problem, algos, reps, check=True, tiles=None, dtype="float
     checked = {}
     for name, run in runs.items():
         entry = row["results"][name] = {}
-        overrides = tiles.get(name) if tiles else None
+        run = _with_knobs(run, tiles.get(name) if tiles else None)
         try:
-            with KNOBS.override(**overrides) if overrides else contextlib.nullcontext():
-                t0 = time.perf_counter()
-                with _poisoned_allocations():
-                    y = run()
-                torch.cuda.synchronize()
-                entry["first_call_s"] = time.perf_counter() - t0
-                if ref is not None:
-                    entry["rel_error"] = float(torch.linalg.norm(y.double() - ref) / torch.linalg.norm(ref))
-                del y
-            checked[name] = _with_knobs(run, overrides)
+            t0 = time.perf_counter()
+            with _poisoned_allocations():
+                y = run()
+            torch.cuda.synchronize()
+            entry["first_call_s"] = time.perf_counter() - t0
+            if ref is not None:
+                entry["rel_error"] = float(torch.linalg.norm(y.double() - ref) / torch.linalg.norm(ref))
+            del y
+            checked[name] = run
         except Exception as exc:  # noqa: BLE001 - a failing variant is reported, the run goes on
-            entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            entry["error"] = _error_text(exc)
     # Every variant's calls interleaved round by round, so a drift of the GPU's clocks or of a
     # neighbour's load falls on all of them alike.
     gpu = time_interleaved(checked, reps, warmup=3, clock=CudaEventClock())
@@ -256,9 +257,9 @@ def bench_case(label, problem, algos, reps, check=True, tiles=None, dtype="float
     for name in runs:
         entry = row["results"][name]
         if name in checked:
-            if gpu[name].error is not None or wall[name].error is not None:
-                error = gpu[name].error or wall[name].error
-                entry["error"] = f"{type(error).__name__}: {error}"[:300]
+            error = gpu[name].error or wall[name].error
+            if error is not None:
+                entry["error"] = _error_text(error)
             else:
                 times = [t * 1e3 for t in gpu[name].times_s]
                 entry["gpu_ms"] = statistics.median(times)

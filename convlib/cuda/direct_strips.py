@@ -41,11 +41,12 @@ from .tables import SHARED_MEMORY_LIMIT, DirectStrip
 
 def serves(problem, strip: DirectStrip) -> bool:
     """Whether the strip kernel with ``strip`` computes ``problem`` (the input's alignment aside):
-    stride 1 and dilation 1, float32 rows of a multiple of 4 columns, and its two staged rows
-    and filters within shared memory."""
+    stride 1 and dilation 1, float32 rows of a multiple of 4 columns, a copy depth the PTX
+    table has a wait for, and its ``rows_ahead + 1`` staged rows and filters within shared
+    memory."""
     return (problem.stride == (1, 1) and problem.dilation == (1, 1) and problem.dtype == "float32"
             and problem.W % 4 == 0 and strip.JPT % 4 == 0
-            and 1 <= strip.rows_ahead < ptx.COPY_GROUPS_IN_FLIGHT
+            and 1 <= strip.rows_ahead <= ptx.COPY_GROUPS_IN_FLIGHT  # waits for rows_ahead - 1 groups
             and shared_bytes(problem, strip) <= SHARED_MEMORY_LIMIT)
 
 
@@ -138,9 +139,10 @@ def strip_source(key, strip: DirectStrip, simulator: bool = False) -> tuple[str,
         return lines
 
     def row_step(i: int) -> list[str]:
-        """Input row ``t = u * R + i`` (``i`` static): row ``t + 1`` set copying, then per channel
-        the window and the multiply-adds into the slots of the output rows ``t - r`` it feeds;
-        output row ``t - R + 1`` stored and its slot cleared; row ``t + 1`` waited for."""
+        """Input row ``t = u * R + i`` (``i`` static): row ``t + ROWS_AHEAD`` set copying into the
+        buffer row ``t - 1`` left, then per channel the window and the multiply-adds into the
+        slots of the output rows ``t - r`` it feeds; output row ``t - R + 1`` stored and its slot
+        cleared; row ``t + 1`` waited for."""
         lines = [f"t = u * U({R}) + U({i})", f"current = (t % U({BUFFERS})) * BUFFER",
                  f"following = ((t + U({ROWS_AHEAD})) % U({BUFFERS})) * BUFFER"]
         lines += copy_row(f"t + U({ROWS_AHEAD})", "following")
