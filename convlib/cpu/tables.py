@@ -188,6 +188,14 @@ _WINOGRAD_REGISTER_TILE = {
 #: (0.41-1.41x), while the Xeon host measured 0.73-0.77x: its tuned profile can say so.
 _DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS = {"avx512": 256, "avx2": 1024}
 
+#: Fewest output pixels in the batch (GEMM N) from which ``auto`` may run direct rather than blis
+#: (``auto_direct_min_pixels``), per instruction set. The digits CNN's 16->32 layer (32 images of
+#: 8x8, 2048 pixels; each padded image's 78 wide positions) is the shape between: AVX-512 has a
+#: block for those 78 positions (4 x 80), with which the example's training step took 0.97x the
+#: time with blis there (Zen 5); AVX2's blocks pad them to 96 and wrap every block across rows,
+#: and the step took 1.03-1.11x the time with blis there (Zen 3, three interleaved runs).
+_AUTO_DIRECT_MIN_PIXELS = {"avx512": 2048, "avx2": 4096}
+
 _DIRECT_L2_INPUT_BUDGET = 512 * 1024
 _DEPTHWISE_BAND_BYTES = 512 * 1024
 _DEPTHWISE_PLANE_MASK_BYTES = 256 * 1024
@@ -232,6 +240,7 @@ def machine_derived_knobs(caches: dict | None = None) -> dict:
         "depthwise_plane_mask_bytes": _DEPTHWISE_PLANE_MASK_BYTES * caches["L2"] // budgets["L2"],
         "depthwise_channel_block_bytes": _DEPTHWISE_CHANNEL_BLOCK_BYTES * caches["L2"] // budgets["L2"],
         "depthwise_whole_plane_max_positions": _DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS[host_isa()],
+        "auto_direct_min_pixels": _AUTO_DIRECT_MIN_PIXELS[host_isa()],
     }
 
 
@@ -349,11 +358,13 @@ KNOBS = KnobTable("cpu", [
          "many filters per group ..."),
     Knob("auto_direct_max_reduction", 512, "... and up to this reduction: packing B costs blis more than "
          "direct's re-reads of the image (ResNet-50's stem)"),
-    Knob("auto_direct_min_pixels", 2048, "... and from this many output pixels in the batch (GEMM N) up: "
-         "below, an image is too small for direct's blocks along the output rows. The digits CNN's 16->32 "
-         "layer (32 images of 8x8, 2048 pixels) sits at the limit: with direct's 4x80 block (AVX-512) its "
-         "training step took 0.97x the time with blis there (Zen 5), 0.99x under AVX2 (examples/train_digits.py, "
-         "2 threads); before that block, blis won by 2-4% (Zen 4)"),
+    Knob("auto_direct_min_pixels", _AUTO_DIRECT_MIN_PIXELS["avx2"], "... and from this many output pixels in "
+         "the batch (GEMM N) up: below, an image is too small for direct's blocks along the output rows. The "
+         "digits CNN's 16->32 layer (32 images of 8x8, 2048 pixels) sits at the limit, so the value is derived "
+         "per instruction set: 2048 with AVX-512, whose 4x80 block fits its padded rows (the training step took "
+         "0.97x the time with blis there, Zen 5; before that block, blis won by 2-4%, Zen 4), 4096 with AVX2, "
+         "whose blocks do not (direct there: 1.03-1.11x the step's time on a Zen 3, 0.99x on Zen 5 held to "
+         "AVX2; examples/train_digits.py, 2 threads)"),
     # -- winograd --------------------------------------------------------------------------
     Knob("winograd_chunk_bytes", 4 * 2**20, "target bytes of one chunk's transformed input plus GEMM output "
          "(V + M): a few MB, so both stay in the last-level cache between the three passes"),
