@@ -24,8 +24,9 @@ built. The loops are those of :mod:`convlib.cpu.blis` with its micro-kernel
 ``dx`` starts as the bias (``conv_transpose2d``) or zero. Two threads add into the same ``dx``
 element only if they hold taps of the same input channel and pixels of the same image, so each
 thread owns a rectangle of whole channels by whole images (:func:`thread_grid`): no atomics, no
-per-thread copy of ``dx``. Workspace: per thread ``Ac`` (mc x kc), ``Bc`` (kc x nc) and one
-``MR x NR`` tile, whatever N, H and W are.
+per-thread copy of ``dx``. Workspace: per thread ``Ac`` (mc x kc), ``Bc`` (kc x nc), one
+``MR x NR`` tile and the table of an ``ic`` block's taps (mc rows of
+:func:`~convlib.cpu.packing.tabulate_taps`, so the store decodes no tap), whatever N, H and W are.
 
 
 :data:`WEIGHT` (``conv2d_backward_weight``)
@@ -104,11 +105,14 @@ from .blis import geometry_of, image_pack_cost, part_of_tiles, partitions
 from .clipping import positions_inside
 from .im2col_backward import fill_channels
 from .isa import host_isa
-from .intrinsics import transpose_block
+from .intrinsics import transpose_block, vector_add_into
 from .micro_kernels import (
     ACCUMULATE, STORE, dot_micro_kernel, micro_kernel, micro_kernel_columns, micro_kernel_lanes, taps_micro_kernel,
 )
-from .packing import RUN_COLUMNS, TAP_COLUMNS, pack_b_from_image, pack_b_pointwise
+from .packing import (
+    RUN_COLUMNS, TAP_COL_OFFSET, TAP_COLUMNS, TAP_P_HI, TAP_P_LO, TAP_PLANE, TAP_Q_HI, TAP_Q_LO, TAP_ROW_OFFSET,
+    pack_b_from_image, pack_b_pointwise, tabulate_taps,
+)
 from .tables import KNOBS, VECTOR_SLACK_BYTES, blis_blocking
 
 #: The GEMM the blocking is sized for (``BlisBlocking.panel_sizes`` reads these fields).
@@ -141,20 +145,30 @@ def pack_a_transposed(w, first_filter, row0, mc, kc, taps, Ac, MR):
                 Ac[dst + i] = 0
 
 
-@njit(cache=True, inline="always")
-def _tap_of_row(row, geo):
-    """``(c, row_off, off)`` of tap row ``row`` (``(c, r, s)`` within its group): its channel,
-    and where it reads relative to an output pixel's first row and column."""
-    S = geo.filter_w
-    RS = geo.filter_h * S
-    c = row // RS
-    r = (row - c * RS) // S
-    s = row - c * RS - r * S
-    return c, r * geo.dil_h - geo.pad_top, s * geo.dil_w - geo.pad_left
+def add_run(dst, dst_start, src, src_start, count):
+    """``dst[dst_start : dst_start + count] += src[src_start : src_start + count]`` in whole
+    32-byte vectors, then element by element. (LLVM's own vector loop steps four vectors at a
+    time: a tile row's run of 24 or 32 values on 8x8 images went mostly through its scalar
+    remainder.) Callable from jitted code only."""
+    raise NotImplementedError("add_run is called from numba-compiled code only")
+
+
+@overload(add_run)
+def _add_run_overload(dst, dst_start, src, src_start, count):
+    L = VECTOR_SLACK_BYTES // (dst.dtype.bitwidth // 8)
+
+    def add_run_impl(dst, dst_start, src, src_start, count):
+        whole = count - count % L
+        for v in range(0, whole, L):
+            vector_add_into(dst, dst_start + v, src, src_start + v, L)
+        for t in range(whole, count):
+            dst[np.uintp(dst_start + t)] += src[np.uintp(src_start + t)]
+
+    return add_run_impl
 
 
 @njit(cache=True, inline="always")
-def _add_tile_rows_whole(tile, NR, geo, channel0, row0, mr, col0, nr, n_first, q_first, dx):
+def _add_tile_rows_whole(tile, NR, geo, taps, tap0, mr, col0, nr, n_first, q_first, dx):
     """:func:`add_tile_to_image` at stride 1 with ``Q == W``: pixel ``pq`` of an image (flat,
     ``p*Q + q``) reads tap ``(r, s)`` at flat ``pq + row_off*W + off`` of its input plane, so a
     tile row is one contiguous add per image, not one per output row. The tile's values whose
@@ -163,10 +177,11 @@ def _add_tile_rows_whole(tile, NR, geo, channel0, row0, mr, col0, nr, n_first, q
     rows inside the image and to the plane itself."""
     H, W, P, Q = geo.height, geo.width, geo.out_h, geo.out_w
     PQ = P * Q
-    C = geo.channels
+    image = geo.channels * H * W
     for i in range(mr):
-        c, row_off, off = _tap_of_row(row0 + i, geo)
-        q_in_lo, q_in_hi = positions_inside(off, 1, W, Q)
+        tap = taps[tap0 + i]
+        row_off, off = tap[TAP_ROW_OFFSET], tap[TAP_COL_OFFSET]
+        q_in_lo, q_in_hi = tap[TAP_Q_LO], tap[TAP_Q_HI]
         if q_in_lo > 0 or q_in_hi < Q:
             first_row = -q_first  # tile column of the current output row's q = 0
             while first_row < nr:
@@ -179,10 +194,9 @@ def _add_tile_rows_whole(tile, NR, geo, channel0, row0, mr, col0, nr, n_first, q
                     if j >= 0 and j < nr:
                         tile[i * NR + j] = 0
                 first_row += Q
-        p_lo, p_hi = positions_inside(row_off, 1, H, P)
         shift = row_off * W + off
-        lo_limit = max(p_lo * Q, -shift)
-        hi_limit = min(p_hi * Q, H * W - shift)
+        lo_limit = max(tap[TAP_P_LO] * Q, -shift)
+        hi_limit = min(tap[TAP_P_HI] * Q, H * W - shift)
         n = n_first
         pq = col0 - n_first * PQ
         done = 0
@@ -190,41 +204,38 @@ def _add_tile_rows_whole(tile, NR, geo, channel0, row0, mr, col0, nr, n_first, q
             seg = min(nr - done, PQ - pq)
             lo = max(pq, lo_limit)
             hi = min(pq + seg, hi_limit)
-            if hi > lo:
-                # Unsigned indices: LLVM vectorises the add (lo + shift >= 0 by the clipping).
-                d = np.uintp((n * C + channel0 + c) * H * W + lo + shift)
-                t0 = np.uintp(i * NR + done + lo - pq)
-                for t in range(np.uintp(hi - lo)):
-                    dx[d + t] += tile[t0 + t]
+            if hi > lo:  # lo + shift >= 0 by the clipping
+                add_run(dx, n * image + tap[TAP_PLANE] + lo + shift, tile, i * NR + done + lo - pq, hi - lo)
             done += seg
             pq = 0
             n += 1
 
 
 @njit(cache=True, inline="always")
-def add_tile_to_image(tile, NR, geo, channel0, row0, mr, col0, nr, dx):
-    """col2im of one tile: ``tile[i*NR + j]`` (tap ``row0 + i`` of the group whose first input
-    channel is ``channel0``, pixel ``col0 + j``) is added to ``dx`` (flat NCHW) at the input
-    position that tap read for that pixel; taps that read padding send nothing.
+def add_tile_to_image(tile, NR, geo, taps, tap0, mr, col0, nr, dx):
+    """col2im of one tile: ``tile[i*NR + j]`` (the tap in row ``tap0 + i`` of ``taps``, a table of
+    :func:`~convlib.cpu.packing.tabulate_taps`; pixel ``col0 + j``) is added to ``dx`` (flat
+    NCHW) at the input position that tap read for that pixel; taps that read padding send
+    nothing.
 
-    Row by row of the tile: each tap is decoded once (its divisions cost as much as the adds
-    when they were made per run of pixels), then its runs of pixels in one output row are added,
+    Row by row of the tile, each tap read from the table (decoding it per tile, three integer
+    divisions and two clippings a row, took most of the store's time: 0.3 ms of the digits CNN's
+    0.45 ms 16->32 data pass, Zen 3), then its runs of pixels in one output row are added,
     each a strided (stride 1: vectorised) add into one input row."""
     H, W, P, Q = geo.height, geo.width, geo.out_h, geo.out_w
     sh, sw = geo.stride_h, geo.stride_w
     PQ = P * Q
-    C = geo.channels
+    image = geo.channels * H * W
     n_first = col0 // PQ
     p_first = (col0 - n_first * PQ) // Q
     q_first = col0 - n_first * PQ - p_first * Q
     if sh == 1 and sw == 1 and Q == W:
-        _add_tile_rows_whole(tile, NR, geo, channel0, row0, mr, col0, nr, n_first, q_first, dx)
+        _add_tile_rows_whole(tile, NR, geo, taps, tap0, mr, col0, nr, n_first, q_first, dx)
         return
     for i in range(mr):
-        c, row_off, off = _tap_of_row(row0 + i, geo)
-        # Output columns q whose input column q*sw + off lies inside [0, W).
-        q_in_lo, q_in_hi = positions_inside(off, sw, W, Q)
-        plane0 = (channel0 + c) * H
+        tap = taps[tap0 + i]
+        row_off, off = tap[TAP_ROW_OFFSET], tap[TAP_COL_OFFSET]
+        q_in_lo, q_in_hi = tap[TAP_Q_LO], tap[TAP_Q_HI]
         n, p, q0 = n_first, p_first, q_first
         done = 0
         while done < nr:  # runs of pixels in one output row
@@ -233,14 +244,10 @@ def add_tile_to_image(tile, NR, geo, channel0, row0, mr, col0, nr, dx):
             if h >= 0 and h < H:
                 q_lo = max(q0, q_in_lo)
                 q_hi = min(q0 + run, q_in_hi)
-                base = ((n * C * H + plane0) + h) * W + off
+                base = n * image + tap[TAP_PLANE] + h * W + off
                 src = i * NR + done - q0
-                if sw == 1:
-                    # Unsigned indices: no negative-index test, so LLVM vectorises the add (a
-                    # scalar col2im cost as much as the micro-kernel when Kg is 64).
-                    d, t0 = np.uintp(base + q_lo), np.uintp(src + q_lo)
-                    for t in range(np.uintp(max(0, q_hi - q_lo))):
-                        dx[d + t] += tile[t0 + t]
+                if sw == 1:  # vectors (a scalar col2im cost as much as the micro-kernel when Kg is 64)
+                    add_run(dx, base + q_lo, tile, src + q_lo, max(0, q_hi - q_lo))
                 else:
                     for q in range(q_lo, q_hi):
                         dx[np.uintp(base + q * sw)] += tile[np.uintp(src + q)]
@@ -264,6 +271,7 @@ def backward_data_kernel(MR: int, NR: int):
         MC, NC, kc_step,  # block sizes (BlisBlocking.panel_sizes of gemm_shape)
         m_parts, n_parts,  # the threads' grid: whole channels x whole images
         Ac_ws, Bc_ws, tile_ws,  # SCRATCH per thread
+        taps_ws,  # SCRATCH (threads, >= mc, TAP_COLUMNS) int64: the taps of an ic block
         dx,  # INOUT (N*C*H*W,) flat NCHW, holding the bias or zero
     ):
         RS = geo.filter_h * geo.filter_w
@@ -276,7 +284,7 @@ def backward_data_kernel(MR: int, NR: int):
         pointwise = (RS == 1 and geo.stride_h == 1 and geo.stride_w == 1 and geo.pad_top == 0
                      and geo.pad_left == 0 and PQ == geo.height * geo.width)
         for t in prange(Ac_ws.shape[0]):
-            Ac, Bc, tile = Ac_ws[t], Bc_ws[t], tile_ws[t]
+            Ac, Bc, tile, taps_table = Ac_ws[t], Bc_ws[t], tile_ws[t], taps_ws[t]
             mp, np_ = t // n_parts, t % n_parts
             m_lo = Cg * mp // m_parts * RS
             m_hi = Cg * (mp + 1) // m_parts * RS
@@ -291,6 +299,7 @@ def backward_data_kernel(MR: int, NR: int):
                         for ic in range(m_lo, m_hi, MC):
                             mc = min(MC, m_hi - ic)
                             pack_a_transposed(w, g * Kg + pc, ic, mc, kc, taps, Ac, MR)
+                            tabulate_taps(geo, g * Cg, ic, mc, taps_table)
                             for jr in range(0, nc, NR):
                                 nr = min(NR, nc - jr)
                                 col = jc + jr
@@ -308,7 +317,7 @@ def backward_data_kernel(MR: int, NR: int):
                                     else:
                                         micro_kernel_columns(kc, Ac, ir * kc, Bc, jr * kc, tile, 0, NR, STORE, tile,
                                                              0, nr, MR, NR)
-                                        add_tile_to_image(tile, NR, geo, g * Cg, ic + ir, mr, col, nr, dx)
+                                        add_tile_to_image(tile, NR, geo, taps_table, ir, mr, col, nr, dx)
 
     return blis_backward_data
 
@@ -328,10 +337,12 @@ class _BlisData:
         return None
 
     def workspace_bytes(self, problem: ConvProblem, device=None) -> int:
-        """Bytes of the packed panels: O(MC*KC + KC*NC) per thread, independent of N, H, W."""
+        """Bytes of the packed panels and an ic block's tap table: O(MC*KC + KC*NC) per thread,
+        independent of N, H, W."""
         b = blis_blocking(problem.dtype)
         mc, kc, nc = b.panel_sizes(gemm_shape(problem))
-        per_thread = (mc * kc + kc * nc + b.MR * b.NR) * problem.itemsize + VECTOR_SLACK_BYTES
+        per_thread = ((mc * kc + kc * nc + b.MR * b.NR) * problem.itemsize + VECTOR_SLACK_BYTES
+                      + mc * TAP_COLUMNS * 8)
         return partitions() * per_thread
 
     def run(self, problem: ConvProblem, dy, w, bias, device=None):
@@ -343,13 +354,14 @@ class _BlisData:
         Ac_ws = np.empty((threads, mc * kc), dtype)
         Bc_ws = np.empty((threads, kc * nc + VECTOR_SLACK_BYTES // dtype.itemsize), dtype)
         tile_ws = np.empty((threads, b.MR * b.NR), dtype)
+        taps_ws = np.empty((threads, mc, TAP_COLUMNS), np.int64)
         m_parts, n_parts = thread_grid(p, threads)
         dx = np.empty(p.x_shape, dtype)
         has_bias = bias is not None
         fill_channels(dx, bias if has_bias else np.zeros(1, dtype), has_bias)
         backward_data_kernel(b.MR, b.NR)(
             dy.reshape(-1), w.reshape(-1), geometry_of(p), b.MC, b.NC, kc, m_parts, n_parts,
-            Ac_ws, Bc_ws, tile_ws, dx.reshape(-1))
+            Ac_ws, Bc_ws, tile_ws, taps_ws, dx.reshape(-1))
         return dx
 
 

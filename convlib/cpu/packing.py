@@ -151,26 +151,7 @@ def pack_b_from_image(
                                  runs, Bc)
         return
     linear = packs_linear(sh, sw, W, Q, NR)
-    RS = geo.filter_h * geo.filter_w
-    c = pc // RS
-    r = (pc - c * RS) // geo.filter_w
-    s = pc - c * RS - r * geo.filter_w
-    for p in range(kc):
-        row_off = r * geo.dil_h - geo.pad_top
-        col_off = s * geo.dil_w - geo.pad_left
-        taps[p, TAP_PLANE] = (channel0 + c) * plane
-        taps[p, TAP_ROW_OFFSET] = row_off
-        taps[p, TAP_COL_OFFSET] = col_off
-        # Output columns q whose input column q*sw + col_off lies inside [0, W), rows likewise.
-        taps[p, TAP_Q_LO], taps[p, TAP_Q_HI] = positions_inside(col_off, sw, W, Q)
-        taps[p, TAP_P_LO], taps[p, TAP_P_HI] = positions_inside(row_off, sh, H, P)
-        s += 1
-        if s == geo.filter_w:
-            s = 0
-            r += 1
-            if r == geo.filter_h:
-                r = 0
-                c += 1
+    tabulate_taps(geo, channel0, pc, kc, taps)
     n = jc // PQ
     pq = jc - n * PQ
     for panel_start in range(0, nc, NR):
@@ -185,6 +166,38 @@ def pack_b_from_image(
                 pack_tap_by_rows(x, H, W, sh, sw, taps[p], runs, n_runs, Bc, dst)
             if width < NR:  # zero the columns past nc in the last panel
                 fill_zeros_over(Bc, dst + width, NR - width)
+
+
+@njit(cache=True, inline="always")
+def tabulate_taps(geo, channel0, first, count, taps):
+    """Rows ``0 .. count`` of ``taps`` (``(>= count, TAP_COLUMNS)`` int64) describe taps
+    ``first .. first + count`` (``(c, r, s)`` flat, within the group whose first input channel is
+    ``channel0``): the channel plane's offset in an image, the input row and column offsets of
+    output pixel ``(0, 0)``, and the output columns ``[q_lo, q_hi)`` and rows ``[p_lo, p_hi)``
+    that read inside the image. The divisions happen here, once per tap, and not per run of
+    pixels in the loops that read the table."""
+    H, W, P, Q = geo.height, geo.width, geo.out_h, geo.out_w
+    plane = H * W
+    RS = geo.filter_h * geo.filter_w
+    c = first // RS
+    r = (first - c * RS) // geo.filter_w
+    s = first - c * RS - r * geo.filter_w
+    for p in range(count):
+        row_off = r * geo.dil_h - geo.pad_top
+        col_off = s * geo.dil_w - geo.pad_left
+        taps[p, TAP_PLANE] = (channel0 + c) * plane
+        taps[p, TAP_ROW_OFFSET] = row_off
+        taps[p, TAP_COL_OFFSET] = col_off
+        # Output columns q whose input column q*sw + col_off lies inside [0, W), rows likewise.
+        taps[p, TAP_Q_LO], taps[p, TAP_Q_HI] = positions_inside(col_off, geo.stride_w, W, Q)
+        taps[p, TAP_P_LO], taps[p, TAP_P_HI] = positions_inside(row_off, geo.stride_h, H, P)
+        s += 1
+        if s == geo.filter_w:
+            s = 0
+            r += 1
+            if r == geo.filter_h:
+                r = 0
+                c += 1
 
 
 @njit(cache=True, inline="always")
