@@ -118,6 +118,24 @@ def strip_source(key, strip: DirectStrip, simulator: bool = False) -> tuple[str,
     ROWS_AHEAD = strip.rows_ahead
     BUFFERS = ROWS_AHEAD + 1  # staged input rows: one computed from, ROWS_AHEAD being filled
 
+    # This thread's copies of a row, words tid, tid + NT, ...: the same words of every row, so
+    # where each goes in the buffer and comes from in the row is worked out once, before the rows
+    # (per copy and row that was ~30 integer instructions of 64-bit arithmetic, as many issue
+    # slots as a quarter of the row's multiply-adds; docs/gpu.md).
+    COPY_SLOTS = -(-COPIES // NT)
+    copy_setup = []
+    for m in range(COPY_SLOTS):
+        copy_setup += [
+            f"e = tid + U({m} * NT)",
+            f"live_{m} = e < COPIES",
+            "c = e // WORDS",
+            "v = e - c * WORDS",
+            "col = word_col + I(v * U(4))",
+            f"col_ok_{m} = U(col) < W",
+            f"to_{m} = c * STAGE_W + v * U(4)",
+            f"from_{m} = c * HW + U(col) if col_ok_{m} else U(0)",
+        ]
+
     def copy_row(t: str, base: str) -> list[str]:
         """Input row ``t`` of every channel of the group into the buffer at ``base`` (zeros off the
         image), as this thread's share of the block's ``cp.async`` copies."""
@@ -125,18 +143,14 @@ def strip_source(key, strip: DirectStrip, simulator: bool = False) -> tuple[str,
             f"ih = ih_first + I({t})",
             f"copy_ok = U(ih) < H and {t} < rows_here + U({R - 1})",
             "x_row = x_image + U(ih) * W if copy_ok else U(0)",
-            "e = tid",
-            "while e < COPIES:",
-            "    c = e // WORDS",
-            "    v = e - c * WORDS",
-            "    col = word_col + I(v * U(4))",
-            "    ok = copy_ok and U(col) < W",
-            f"    copy16(stage, {base} + c * STAGE_W + v * U(4), x, x_row + c * HW + U(col) if ok else U(0), "
-            "U(16) if ok else U(0))",
-            "    e += NT",
-            "copy_commit()",
         ]
-        return lines
+        for m in range(COPY_SLOTS):
+            lines += [
+                f"if live_{m}:",
+                f"    ok = copy_ok and col_ok_{m}",
+                f"    copy16(stage, {base} + to_{m}, x, x_row + from_{m} if ok else U(0), U(16) if ok else U(0))",
+            ]
+        return lines + ["copy_commit()"]
 
     def row_step(i: int) -> list[str]:
         """Input row ``t = u * R + i`` (``i`` static): row ``t + ROWS_AHEAD`` set copying into the
@@ -225,6 +239,7 @@ def direct_strips(x, w, bias, y, image0, rows):
 {indent([f"q_ok_{j} = q + U({j}) < Q" for j in range(JPT)], 1)}
 {indent(bias_lines, 1)}
 {indent([f"acc_{s}_{k}_{j} = zero" for s in range(R) for k in range(KB) for j in range(JPT)], 1)}
+{indent(copy_setup, 1)}
 {indent(sum((copy_row(f"U({t})", f"U({t} * BUFFER)") for t in range(ROWS_AHEAD)), []), 1)}
     copy_wait_{ROWS_AHEAD - 1}()
     cuda.syncthreads()
