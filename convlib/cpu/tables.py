@@ -188,12 +188,7 @@ _WINOGRAD_REGISTER_TILE = {
 #: (0.41-1.41x), while the Xeon host measured 0.73-0.77x: its tuned profile can say so.
 _DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS = {"avx512": 256, "avx2": 1024}
 
-#: Fewest output pixels in the batch (GEMM N) from which ``auto`` may run direct rather than blis
-#: (``auto_direct_min_pixels``), per instruction set. The digits CNN's 16->32 layer (32 images of
-#: 8x8, 2048 pixels; each padded image's 78 wide positions) is the shape between: AVX-512 has a
-#: block for those 78 positions (4 x 80), with which the example's training step took 0.97x the
-#: time with blis there (Zen 5); AVX2's blocks pad them to 96 and wrap every block across rows,
-#: and the step took 1.03-1.11x the time with blis there (Zen 3, three interleaved runs).
+#: ``auto_direct_min_pixels`` per instruction set (the knob's text says why and what was measured).
 _AUTO_DIRECT_MIN_PIXELS = {"avx512": 2048, "avx2": 4096}
 
 _DIRECT_L2_INPUT_BUDGET = 512 * 1024
