@@ -301,8 +301,9 @@ def test_blis_without_tap_table():
 #: Stride-1 float32 layers of few channels, which direct runs on its strip kernel: partial
 #: strips and bands, filter channels in chunks that do not divide them, asymmetric padding (a
 #: staged row starting before the image), groups, bias, a 1x1 and a 5x5 filter, outputs stored
-#: as words (rows of a multiple of 4) or one by one.
+#: as 16-byte words (rows of a multiple of 4), 8-byte ones (even rows) or one by one.
 STRIP_CASES = {
+    "strips-even-rows-no-pad": (2, 3, 9, 8, 3, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1), 1, False),
     "strips-odd-K-asympad-bias": (2, 3, 11, 8, 3, 3, 3, (1, 1), (1, 0, 2, 1), (1, 1), 1, True),
     "strips-groups-words-out": (1, 4, 9, 8, 4, 3, 2, (1, 1), (0, 1, 1, 0), (1, 1), 2, False),
     "strips-5x5-one-channel": (2, 1, 8, 12, 1, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 1, True),
@@ -313,7 +314,7 @@ STRIP_CASES = {
 @needs_cuda
 @pytest.mark.parametrize("case", list(STRIP_CASES))
 def test_direct_strip_and_staged_kernels_match_reference(case, poisoned_outputs):
-    """direct's two kernels for stride-1 layers, the strip kernel (few channels; two layouts) and
+    """direct's two kernels for stride-1 layers, the strip kernel (few channels; three layouts) and
     the staged one (the strip kernel turned off), each against the reference."""
     from convlib.cuda.direct import choose_strip
     from convlib.cuda.tables import KNOBS, DirectStrip
@@ -331,10 +332,10 @@ def test_direct_strip_and_staged_kernels_match_reference(case, poisoned_outputs)
     with KNOBS.override(**everywhere, **{knob: wide}):
         assert choose_strip(problem, simulator) == wide
         results["strips, 8 columns"] = call(problem, x, w, b, "direct")
-    two_ahead = DirectStrip(JPT=4, KB=2, threads=2, min_rows=2, max_rows=3, rows_ahead=2)
+    two_ahead = DirectStrip(JPT=4, KB=2, threads=2, min_rows=2, max_rows=3, rows_ahead=2, unroll_channels=True)
     with KNOBS.override(**everywhere, **{knob: two_ahead}):
         assert choose_strip(problem, simulator) == two_ahead
-        results["strips, two rows copied ahead"] = call(problem, x, w, b, "direct")
+        results["strips, two rows copied ahead, channels unrolled"] = call(problem, x, w, b, "direct")
     assert choose_strip(problem, simulator) is None  # narrower than direct_strip_min_width
     results["staged"] = call(problem, x, w, b, "direct")
     for kernel, y in results.items():

@@ -58,7 +58,8 @@ def instructions(simulator: bool) -> dict:
     ``bits_value(u32)`` (a float32 from its bits) and ``float_bits(f32)`` (its bits);
     ``load4(array, i)`` and ``store4(array, i, w0, w1, w2, w3)``: four uint32 words at
     ``array[i:i + 4]`` in one 16-byte access (``i`` a multiple of 4 and the array 16-byte
-    aligned: the caller's promise); ``ldmatrix4(array, i)``: the warp's ``ldmatrix.x4`` from a
+    aligned: the caller's promise), ``store2(array, i, w0, w1)`` the same for two words (8 bytes);
+    ``ldmatrix4(array, i)``: the warp's ``ldmatrix.x4`` from a
     shared array, each lane naming one row of four words (lanes
     ``8j..8j + 7`` the rows of matrix ``j``; 16-byte aligned) and receiving word ``l & 3`` of row
     ``l >> 2`` of each of the four matrices.
@@ -155,6 +156,18 @@ def _device() -> dict:
 
         return types.none(array, types.uint64, *([types.uint32] * 4)), codegen
 
+    def store2_typer(typingctx, array, index, w0, w1):
+        def codegen(context, builder, sig, args):
+            vector = ir.Constant(ir.VectorType(i32, 2), None)
+            for j, word in enumerate(args[2:]):
+                vector = builder.insert_element(vector, word, ir.Constant(i32, j))
+            pointer = builder.bitcast(element_pointer(context, builder, sig.args[0], args[0], args[1]),
+                                      ir.VectorType(i32, 2).as_pointer())
+            builder.store(vector, pointer, align=8)
+            return context.get_dummy_value()
+
+        return types.none(array, types.uint64, types.uint32, types.uint32), codegen
+
     def ldmatrix4_typer(typingctx, array, index):
         # ldmatrix takes a shared-window address; numba's shared arrays hand out generic ones.
         text = ("{ .reg .u64 shared_address; cvta.to.shared.u64 shared_address, $4; "
@@ -200,6 +213,7 @@ def _device() -> dict:
         return intrinsic(typer)
 
     load4_typer.__name__, store4_typer.__name__, ldmatrix4_typer.__name__ = "load4", "store4", "ldmatrix4"
+    store2_typer.__name__ = "store2"
     copy16_typer.__name__ = "copy16"
     table = {f"mma_{p}": product(p) for p in PRECISIONS}
     table.update(
@@ -215,6 +229,7 @@ def _device() -> dict:
         float_bits=bitcast("float_bits", types.uint32, types.float32, i32),
         load4=intrinsic(load4_typer),
         store4=intrinsic(store4_typer),
+        store2=intrinsic(store2_typer),
         ldmatrix4=intrinsic(ldmatrix4_typer),
         copy16=intrinsic(copy16_typer),
         copy_commit=statement("copy_commit", "cp.async.commit_group;"),
@@ -315,6 +330,14 @@ def simulated_store4(array, index, w0, w1, w2, w3):
         array[index + j] = _value32(word) if as_values else word
 
 
+def simulated_store2(array, index, w0, w1):
+    index = int(index)
+    assert index % 2 == 0, f"store2 at word {index}: not 8-byte aligned"
+    as_values = np.dtype(array.dtype) == np.float32
+    for j, word in enumerate((w0, w1)):
+        array[index + j] = _value32(word) if as_values else word
+
+
 def simulated_ldmatrix(array, words, base: int, lane: int):
     """One lane's four words of a warp's ``ldmatrix.x4``: ``words[base + l]`` holds the row index
     lane ``l`` named."""
@@ -346,6 +369,7 @@ def _simulated() -> dict:
         ldmatrix_lane=simulated_ldmatrix,
         load4=simulated_load4,
         store4=simulated_store4,
+        store2=simulated_store2,
         mma_lane=simulated_mma,
         tf32_word=simulated_tf32_word,
         float16_bits=simulated_float16_bits,

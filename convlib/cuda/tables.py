@@ -213,7 +213,8 @@ class DirectStrip:
     a strip of ``min_rows`` to ``max_rows`` output rows (chosen per launch); ``blocks_per_sm``
     (or None) is the launch bound that caps a thread's registers so that many blocks fit;
     ``rows_ahead`` input rows are being copied while the block computes with one (each a buffer
-    of shared memory)."""
+    of shared memory); ``unroll_channels`` unrolls the loop over input channels (a larger kernel
+    that compiles about twice as long)."""
 
     JPT: int
     KB: int
@@ -222,6 +223,7 @@ class DirectStrip:
     min_rows: int = 16
     max_rows: int = 64
     rows_ahead: int = 1
+    unroll_channels: bool = False
 
 
 #: The strip kernel's layout by channels per group (``direct.strip_channels``). "few" (up to
@@ -231,7 +233,13 @@ class DirectStrip:
 #: channel): 128 threads, four blocks an SM ran a 5x5 filter on 4096^2 in 0.063 ms on an H200,
 #: 256 threads 0.069, 64 threads 0.078; its rows are 2 KiB, and with two of them copied ahead
 #: it took 0.0613 ms against 0.0714 on an H100 (two calls; the 4-channel layout copying two
-#: rows ahead ran the seed 1.09x slower and the rest within 1%: it keeps one).
+#: rows ahead ran the seed 1.09x slower and the rest within 1%: it keeps one). Swept again on an
+#: H200 after the copies' address arithmetic went (session 29; 12 layouts on the unpadded seed,
+#: N=16-64 at 1024^2, 2048^2 and 4096^2, before the 8-byte stores): two rows ahead 0.4-1.9%
+#: faster, 8 columns a thread 1.5x slower, 8-10 blocks an SM (capped registers) up to 23% slower.
+#: In a second call, with those stores, channels unrolled and two rows ahead took the padded
+#: seed in 0.090 ms against 0.099 but the unpadded one in 0.0994 against 0.0979: the layout
+#: stays, and ``unroll_channels`` waits for a sweep of its own.
 _DIRECT_STRIPS = {
     "few": DirectStrip(JPT=4, KB=4, threads=64, blocks_per_sm=6),
     "one": DirectStrip(JPT=4, KB=4, threads=128, blocks_per_sm=4, rows_ahead=2),
