@@ -237,9 +237,10 @@ class DirectStrip:
 #: H200 after the copies' address arithmetic went (session 29; 12 layouts on the unpadded seed,
 #: N=16-64 at 1024^2, 2048^2 and 4096^2, before the 8-byte stores): two rows ahead 0.4-1.9%
 #: faster, 8 columns a thread 1.5x slower, 8-10 blocks an SM (capped registers) up to 23% slower.
-#: In a second call, with those stores, channels unrolled and two rows ahead took the padded
-#: seed in 0.090 ms against 0.099 but the unpadded one in 0.0994 against 0.0979: the layout
-#: stays, and ``unroll_channels`` waits for a sweep of its own.
+#: With those stores (two more calls), channels unrolled and two rows ahead took the padded
+#: seed in 0.090 ms against 0.099 and N=8 at 4096^2 in 1.405 against 1.461, but the unpadded
+#: seed and N=16-64 at 1024^2 in 1.00-1.02x the time; unrolled alone or two rows ahead alone
+#: 1.01-1.02x (4096^2 0.99x, 1.01x). So the layout stays.
 _DIRECT_STRIPS = {
     "few": DirectStrip(JPT=4, KB=4, threads=64, blocks_per_sm=6),
     "one": DirectStrip(JPT=4, KB=4, threads=128, blocks_per_sm=4, rows_ahead=2),
