@@ -16,9 +16,9 @@ accumulators rotate through ``R`` named slots: the row loop is unrolled ``R`` ti
 ``t`` always meets slot ``(t - r) mod R`` under a compile-time name, and after row ``t`` the slot
 of output row ``t - R + 1`` is complete: stored and cleared for row ``t + 1``. The channels are a
 loop (its body the ``R x S`` taps), which keeps the generated source, and numba's compile time,
-small; a layout may unroll them instead (``unroll_channels``). Outputs leave as 16-byte words
-when rows are a multiple of 4 long, as 8-byte ones when their length is even. The block's filters sit in shared memory with the ``KB`` channels of a tap together, read
-as one vector per tap.
+small; a layout may unroll them instead (``unroll_channels``). The block's filters sit in shared
+memory with the ``KB`` channels of a tap together, read as one vector per tap. Outputs leave as
+16-byte words when rows are a multiple of 4 long, as 8-byte ones when their length is even.
 
 How many rows a strip has is a launch argument: :func:`strip_rows` picks the shortest strips
 that let the whole grid run in one round of the GPU's block slots, or short strips when no
@@ -115,7 +115,7 @@ def strip_source(key, strip: DirectStrip, simulator: bool = False) -> tuple[str,
     # float32 outputs of rows whose length is a multiple of 4 leave as 16-byte words, of an even
     # length as 8-byte ones (our own allocation is aligned; a thread's JPT columns start at a
     # multiple of 4). One element at a time, the unpadded seed's 1022-wide rows took 0.131 ms
-    # against 0.102 for the padded seed's 1024 (H200).
+    # (H200; 0.098 as 8-byte words, the padded seed's 1024-wide ones 0.099 as 16-byte words).
     vector_words = 4 if key.Q % 4 == 0 else 2 if key.Q % 2 == 0 else 0
     align = "" if simulator else ", alignment=16"
     ROWS_AHEAD = strip.rows_ahead
@@ -169,9 +169,9 @@ def strip_source(key, strip: DirectStrip, simulator: bool = False) -> tuple[str,
         # Output row t - r exists when 0 <= t - r < rows_here; t >= r always holds past u = 0.
         guards = [" and ".join([f"t < rows_here + U({r})"] + ([] if i >= r else ["u > U(0)"])) for r in range(R)]
 
-        def channel(c: str, window: str, wc: str, pad: str) -> list[str]:
-            """The multiply-adds of input channel ``c`` (its window in the staged row at ``window``,
-            its filters at ``wc``)."""
+        def channel(window: str, wc: str, pad: str) -> list[str]:
+            """The multiply-adds of one input channel: its window in the staged row at ``window``,
+            its filters at ``wc``; lines indented by ``pad``."""
             out = [f"{pad}v_{v}_{e} = stage[{window} + U({4 * v + e})]" for v in range(NV) for e in range(4)]
             out += [f"{pad}x_{m} = v_{(SKIP + m) // 4}_{(SKIP + m) % 4}" for m in range(WIN)]
             for r in range(R):
@@ -187,10 +187,10 @@ def strip_source(key, strip: DirectStrip, simulator: bool = False) -> tuple[str,
         lines.append("window0 = current + tid * JPT")
         if strip.unroll_channels:
             for c in range(Cg):
-                lines += channel(str(c), f"window0 + U({c * STAGE_W})", f"U({c * R * S * KB})", "")
+                lines += channel(f"window0 + U({c * STAGE_W})", f"U({c * R * S * KB})", "")
         else:
             lines += ["for c in range(CG):", "    window = window0 + c * STAGE_W", "    wc = c * RSK"]
-            lines += channel("c", "window", "wc", "    ")
+            lines += channel("window", "wc", "    ")
         done = (i + 1) % R  # the slot of output row t - R + 1
         lines += [
             f"o = I(t) - I({R - 1})",
