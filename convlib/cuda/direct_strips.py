@@ -157,6 +157,10 @@ def strip_source(key, strip: DirectStrip, simulator: bool = False) -> tuple[str,
 
     # Without a bias nothing is added (x + 0.0 is not folded away: it turns -0.0 into 0.0).
     plus_bias = [f" + b_{k}" if key.has_bias else "" for k in range(KB)]
+    bias_lines = []
+    for k in range(KB) if key.has_bias else ():
+        value = f"bias[g * KG + k0 + U({k})]"
+        bias_lines.append(f"b_{k} = {value} if k0 + U({k}) < KG else zero" if check_k else f"b_{k} = {value}")
 
     def row_step(i: int) -> list[str]:
         """Input row ``t = u * R + i`` (``i`` static): row ``t + ROWS_AHEAD`` set copying into the
@@ -216,13 +220,6 @@ def strip_source(key, strip: DirectStrip, simulator: bool = False) -> tuple[str,
         # step refills.
         lines += [f"copy_wait_{ROWS_AHEAD - 1}()", "cuda.syncthreads()"]
         return lines
-
-    bias_lines = []
-    for k in range(KB):
-        value = f"bias[g * KG + k0 + U({k})]" if key.has_bias else "zero"
-        if key.has_bias and check_k:
-            value = f"{value} if k0 + U({k}) < KG else zero"
-        bias_lines.append(f"b_{k} = {value}")
 
     source = f'''
 def direct_strips(x, w, bias, y, image0, rows):

@@ -134,9 +134,9 @@ def _device() -> dict:
         typer.__name__ = name
         return intrinsic(typer)
 
-    def word_pointer(context, builder, array_type, array, index):
+    def word_pointer(context, builder, array_type, array, index, words=4):
         pointer = element_pointer(context, builder, array_type, array, index)
-        return builder.bitcast(pointer, ir.VectorType(i32, 4).as_pointer())
+        return builder.bitcast(pointer, ir.VectorType(i32, words).as_pointer())
 
     def load4_typer(typingctx, array, index):
         def codegen(context, builder, sig, args):
@@ -146,27 +146,23 @@ def _device() -> dict:
 
         return types.UniTuple(types.uint32, 4)(array, types.uint64), codegen
 
-    def store4_typer(typingctx, array, index, w0, w1, w2, w3):
+    def store_words(words):
+        """The codegen of a store of ``words`` uint32 words in one aligned access."""
         def codegen(context, builder, sig, args):
-            vector = ir.Constant(ir.VectorType(i32, 4), None)
+            vector = ir.Constant(ir.VectorType(i32, words), None)
             for j, word in enumerate(args[2:]):
                 vector = builder.insert_element(vector, word, ir.Constant(i32, j))
-            builder.store(vector, word_pointer(context, builder, sig.args[0], args[0], args[1]), align=16)
+            pointer = word_pointer(context, builder, sig.args[0], args[0], args[1], words)
+            builder.store(vector, pointer, align=4 * words)
             return context.get_dummy_value()
 
-        return types.none(array, types.uint64, *([types.uint32] * 4)), codegen
+        return codegen
+
+    def store4_typer(typingctx, array, index, w0, w1, w2, w3):
+        return types.none(array, types.uint64, *([types.uint32] * 4)), store_words(4)
 
     def store2_typer(typingctx, array, index, w0, w1):
-        def codegen(context, builder, sig, args):
-            vector = ir.Constant(ir.VectorType(i32, 2), None)
-            for j, word in enumerate(args[2:]):
-                vector = builder.insert_element(vector, word, ir.Constant(i32, j))
-            pointer = builder.bitcast(element_pointer(context, builder, sig.args[0], args[0], args[1]),
-                                      ir.VectorType(i32, 2).as_pointer())
-            builder.store(vector, pointer, align=8)
-            return context.get_dummy_value()
-
-        return types.none(array, types.uint64, types.uint32, types.uint32), codegen
+        return types.none(array, types.uint64, types.uint32, types.uint32), store_words(2)
 
     def ldmatrix4_typer(typingctx, array, index):
         # ldmatrix takes a shared-window address; numba's shared arrays hand out generic ones.
@@ -322,20 +318,20 @@ def simulated_load4(array, index):
     return tuple(np.uint32(array[index + j]) for j in range(4))
 
 
-def simulated_store4(array, index, w0, w1, w2, w3):
+def _simulated_store(array, index, words):
     index = int(index)
-    assert index % 4 == 0, f"store4 at word {index}: not 16-byte aligned"
+    assert index % len(words) == 0, f"store{len(words)} at word {index}: not {4 * len(words)}-byte aligned"
     as_values = np.dtype(array.dtype) == np.float32
-    for j, word in enumerate((w0, w1, w2, w3)):
+    for j, word in enumerate(words):
         array[index + j] = _value32(word) if as_values else word
+
+
+def simulated_store4(array, index, w0, w1, w2, w3):
+    _simulated_store(array, index, (w0, w1, w2, w3))
 
 
 def simulated_store2(array, index, w0, w1):
-    index = int(index)
-    assert index % 2 == 0, f"store2 at word {index}: not 8-byte aligned"
-    as_values = np.dtype(array.dtype) == np.float32
-    for j, word in enumerate((w0, w1)):
-        array[index + j] = _value32(word) if as_values else word
+    _simulated_store(array, index, (w0, w1))
 
 
 def simulated_ldmatrix(array, words, base: int, lane: int):
