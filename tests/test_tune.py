@@ -211,6 +211,27 @@ def test_auto_thresholds_fit_what_was_measured(profile_env):
         assert [rule_choice(p, "cpu", c)[0] for p, c, _ in table] == ["depthwise", "depthwise", "direct"]
 
 
+def test_quick_auto_stage_times_every_algorithm_auto_can_pick():
+    # The quick mode times only what auto's CPU rules can name; under every threshold value the
+    # tuner tries, auto's pick among those must be its pick among every serving algorithm, or the
+    # fit would cost a choice it never timed.
+    from convlib.dispatch import registry
+    from convlib.tune.shapes import AUTO_SHAPES
+
+    measurer = search.Measurer(repeats=1, max_seconds=0.0)
+    for shape in AUTO_SHAPES:  # the full mode's 25; the quick mode's 21 are among them
+        problem = measurer.arrays(shape)[0]
+        quick = search.auto_candidates(problem, full=False)
+        serving = registry.serving_algorithms("conv2d", "cpu", problem)
+        assert search.auto_candidates(problem, full=True) == serving
+        assert "im2col" not in quick and "winograd2" not in quick
+        for name, ladder in search.AUTO_LADDERS.items():
+            for value in ladder:
+                with KNOBS.override(**{name: value}):
+                    assert rule_choice(problem, "cpu", quick)[0] == rule_choice(problem, "cpu", serving)[0], (
+                        shape[0], name, value)
+
+
 # -- convlib.tune ---------------------------------------------------------------------------------
 TINY = {
     "blis": (("3x3 16>24 12^2", 1, 16, 12, 12, 24, 3, 3, 1, 1, 1),),

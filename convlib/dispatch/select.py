@@ -89,6 +89,11 @@ def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     return rules
 
 
+#: Every algorithm :func:`_cpu_rules` can name: what ``auto`` may run for a CPU ``conv2d``
+#: (``im2col`` and ``winograd2`` run only when asked for by name).
+CPU_RULE_ALGORITHMS = ("depthwise", "direct", "winograd", "blis")
+
+
 def _sycl_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     if _is_thin(problem):
         return [("direct", f"thin GEMM (M={problem.gemm_m}, K={problem.gemm_k}): memory-bound, "

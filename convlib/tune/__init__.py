@@ -150,7 +150,7 @@ def tune(mode: str = "quick", *, progress: bool = True, save: bool = True, path=
         ("direct", lambda: search.search_direct(measurer, sets["direct"], sets["serial"])),
         ("winograd", lambda: search.search_winograd(measurer, sets["winograd"], full=full)),
         ("depthwise", lambda: search.search_depthwise(measurer, sets["depthwise"], full=full)),
-        ("auto", lambda: search.search_auto(measurer, sets["auto"])),
+        ("auto", lambda: search.search_auto(measurer, sets["auto"], full=full)),
     )
     try:
         KNOBS.apply_profile({})
@@ -187,7 +187,6 @@ def _planned_calls(sets: dict, measurer, full: bool) -> int:
     """Calls the stages will make (for the progress bar's total)."""
     from ..cpu.isa import host_isa
     from ..cpu.tables import blis_blocking, direct_blockings
-    from ..dispatch import registry
 
     per = measurer.calls_per_variant()
     blis, tile = blis_blocking("float32"), KNOBS.lookup("winograd_register_tile", "float32")
@@ -201,7 +200,7 @@ def _planned_calls(sets: dict, measurer, full: bool) -> int:
     # channel-block picks then run on the shapes that stay channel-blocked, here counted whole).
     depthwise_small = len(search.whole_plane_shapes(sets["depthwise"]))
     whole_plane_variants = len({*search.DEPTHWISE_WHOLE_PLANE_POSITIONS, KNOBS.depthwise_whole_plane_max_positions})
-    auto_variants = sum(len(registry.serving_algorithms("conv2d", "cpu", measurer.arrays(s)[0])) for s in sets["auto"])
+    auto_variants = sum(len(search.auto_candidates(measurer.arrays(s)[0], full=full)) for s in sets["auto"])
     return per * (blis_variants * len(sets["blis"]) + len(direct_blockings("float32")) * len(sets["direct"])
                   + 2 * len(sets["serial"]) + winograd_variants * len(sets["winograd"])
                   + depthwise_variants * len(sets["depthwise"]) + whole_plane_variants * depthwise_small

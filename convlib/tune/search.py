@@ -26,7 +26,7 @@ from ..cpu.isa import cache_sizes, host_isa
 from ..cpu.tables import KNOBS, BlisBlocking, blis_blocking, direct_blockings, direct_isa
 from ..dispatch import registry
 from ..dispatch.plan import make_plan
-from ..dispatch.select import rule_choice
+from ..dispatch.select import CPU_RULE_ALGORITHMS, rule_choice
 
 #: The least geometric-mean gain over the value in force for a candidate to replace it.
 MIN_GAIN = 0.03
@@ -388,13 +388,23 @@ def fit_auto_thresholds(table: list) -> dict:
     return values
 
 
-def search_auto(measurer: Measurer, shapes) -> Found:
-    """Time every algorithm that serves each shape; fit auto's thresholds to the result."""
+def auto_candidates(problem, *, full: bool) -> list[str]:
+    """The algorithms the auto stage times on ``problem``: every one that serves it (full mode),
+    or those auto's CPU rules can pick (quick mode). The fit is the same either way (an algorithm
+    auto never runs only moves the fastest time of a shape, the same under every threshold), and
+    the quick mode compiles and times neither ``im2col`` nor ``winograd2``."""
+    serving = registry.serving_algorithms("conv2d", "cpu", problem)
+    return serving if full else [a for a in serving if a in CPU_RULE_ALGORITHMS] or serving
+
+
+def search_auto(measurer: Measurer, shapes, *, full: bool) -> Found:
+    """Time the algorithms of :func:`auto_candidates` on each shape; fit auto's thresholds to the
+    result."""
     found = Found()
     table, rows = [], []
     for shape in shapes:
         problem = measurer.arrays(shape)[0]
-        candidates = registry.serving_algorithms("conv2d", "cpu", problem)
+        candidates = auto_candidates(problem, full=full)
         times = measurer.time(shape, {algo: (algo, {}) for algo in candidates})
         times = {a: t for a, t in times.items() if math.isfinite(t)}
         if times:
