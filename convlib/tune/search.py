@@ -429,4 +429,4 @@ def cache_line() -> str:
 
 
 __all__ = ["Measurer", "Found", "search_blis", "search_direct", "search_winograd", "search_depthwise",
-           "search_auto", "fit_auto_thresholds"]
+           "search_auto", "auto_candidates", "fit_auto_thresholds"]
