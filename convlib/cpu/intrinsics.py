@@ -7,7 +7,7 @@ and spilled them), and the packing routines move short runs that a plain loop sp
 scalar remainder. None of these intrinsics checks bounds: callers keep their indices inside the
 arrays (or inside the slack they allocated for it).
 
-Two families:
+Three families:
 
 * ``lanes``-wide vectors (a literal argument) for the micro-kernels: :func:`vector_zero`,
   :func:`vector_fma`, :func:`vector_fma_lanes`, :func:`vector_sum`, :func:`vector_add_into`,
@@ -15,7 +15,9 @@ Two families:
   :func:`vector_store_split`, :func:`vector_copy`,
   :func:`transpose_block` and :func:`prefetch_for_write`;
 * 32-byte vectors for the packing routines: :func:`copy_vector`, :func:`copy_vector_stride2`,
-  :func:`deinterleave_vector`, :func:`zero_vector` and :func:`vector_lanes` (elements per 32 bytes, a compile-time constant).
+  :func:`deinterleave_vector`, :func:`zero_vector` and :func:`vector_lanes` (elements per 32 bytes, a compile-time constant);
+* whole registers of the widest kind for Winograd's input transform: :func:`deinterleave_run` and
+  :func:`register_lanes` (elements per register, a compile-time constant).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from .isa import simd_bytes
 from .tables import VECTOR_SLACK_BYTES
 
 
@@ -471,4 +474,57 @@ def vector_lanes(array):
 @overload(vector_lanes)
 def _vector_lanes_overload(array):
     lanes = VECTOR_BYTES // (array.dtype.bitwidth // 8)
+    return lambda array: lanes
+
+
+# -- whole-register runs for the Winograd transforms -------------------------------------------
+def _register_lanes(context, array_type):
+    """Elements of ``array_type``'s dtype in the widest vector register (64 bytes with AVX-512)."""
+    return simd_bytes() // context.get_abi_sizeof(context.get_value_type(array_type.dtype))
+
+
+def _as_intp(context, builder, signature, args, positions):
+    return [context.cast(builder, args[i], signature.args[i], types.intp) for i in positions]
+
+
+def _stride_picks(lanes, ways, first):
+    """Lanes ``first, first + ways, first + 2*ways, ...`` of a ``ways * lanes`` vector."""
+    return ir.Constant(ir.VectorType(ir.IntType(32), lanes), [ways * i + first for i in range(lanes)])
+
+
+@intrinsic
+def deinterleave_run(typingctx, dst, dst_index, dst_pitch, src, src_index, ways):
+    """``dst[dst_index + k*dst_pitch + t] = src[src_index + ways*t + k]`` for every ``k < ways``
+    and ``t < V``, V = :func:`register_lanes`: one load of ``ways`` registers, ``ways`` shuffles
+    and stores (no bounds check; ``ways`` a literal). Winograd's input transform reads each tile's
+    taps ``m`` apart along a row: left to LLVM that was a gather per tap."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.dtype == src.dtype
+            and isinstance(ways, types.IntegerLiteral)):
+        return None
+    n = ways.literal_value
+
+    def codegen(context, builder, signature, args):
+        lanes = _register_lanes(context, signature.args[0])
+        d0, pitch, s0 = _as_intp(context, builder, signature, args, (1, 2, 4))
+        s_, _, align = _vector_at(context, builder, signature.args[3], args[3], s0, lanes * n)
+        whole = builder.load(s_, align=align)
+        undef = ir.Constant(whole.type, ir.Undefined)
+        for k in range(n):
+            index = builder.add(d0, builder.mul(pitch, ir.Constant(pitch.type, k)))
+            d, _, _ = _vector_at(context, builder, signature.args[0], args[0], index, lanes)
+            builder.store(builder.shuffle_vector(whole, undef, _stride_picks(lanes, n, k)), d, align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_index, dst_pitch, src, src_index, ways), codegen
+
+
+def register_lanes(array):
+    """Elements of ``array``'s dtype in the widest vector register, as a compile-time constant
+    (jitted code only): the V of :func:`deinterleave_run`."""
+    raise NotImplementedError("register_lanes is called from numba-compiled code only")
+
+
+@overload(register_lanes)
+def _register_lanes_overload(array):
+    lanes = simd_bytes() // (array.dtype.bitwidth // 8)
     return lambda array: lanes

@@ -28,7 +28,9 @@ from numba import njit, prange, types
 from numba.extending import overload
 from numba.np import numpy_support
 
-from .stack_buffer import stack_array_2d
+from .intrinsics import copy_vector, deinterleave_run, register_lanes, vector_lanes
+from .isa import simd_bytes
+from .stack_buffer import stack_array_1d, stack_array_2d
 from .tables import KNOBS
 
 uintp = np.uintp
@@ -246,6 +248,90 @@ def _transform_pass_overload(kind, m, interleaved, src, s0, s_j, s_t, dst, d0, d
     return impl
 
 
+def _register_lanes_of(dtype) -> int:
+    """Elements of a numba dtype in the widest vector register (the V of the run intrinsics)."""
+    return simd_bytes() // (dtype.bitwidth // 8)
+
+
+@njit(inline="always")
+def _deinterleaved_taps4(taps, t, pitch):
+    # Tile t's taps 0..3 are element t of runs 0..3; taps 4, 5 are tile t+1's taps 0, 1.
+    return (taps[t], taps[pitch + t], taps[uintp(2) * pitch + t], taps[uintp(3) * pitch + t],
+            taps[t + uintp(1)], taps[pitch + t + uintp(1)])
+
+
+@njit(inline="always")
+def _deinterleaved_taps2(taps, t, pitch):
+    return (taps[t], taps[pitch + t], taps[t + uintp(1)], taps[pitch + t + uintp(1)])
+
+
+@njit(inline="always")
+def _row_end_taps4(taps, t, pitch, extra, e):
+    # The last tile of a row: its taps 4, 5 are the row's two extra columns.
+    return (taps[t], taps[pitch + t], taps[uintp(2) * pitch + t], taps[uintp(3) * pitch + t], extra[e],
+            extra[e + uintp(1)])
+
+
+@njit(inline="always")
+def _row_end_taps2(taps, t, pitch, extra, e):
+    return (taps[t], taps[pitch + t], extra[e], extra[e + uintp(1)])
+
+
+def input_row_pass(m, src, s0, extra, e0, row_tiles, dst, d0, d_l, n):
+    """The input transform's pass along the rows: ``dst[d0 + l*d_l + t] = (B^T src_t)[l]`` for
+    tiles ``t < n``, where tile ``t`` starts ``m`` columns after tile ``t-1``:
+    ``src_t[j] = src[s0 + m*t + j]``, except that the last tile of each row of ``row_tiles``
+    tiles (``t = r*row_tiles + row_tiles - 1``) takes its taps ``m`` and ``m+1`` from
+    ``extra[e0 + 2*r]`` and ``extra[e0 + 2*r + 1]`` (they are not the next tile's first taps).
+    Reads up to ``m * V`` elements (V: :func:`register_lanes`) past ``s0 + m*n``.
+
+    The taps of :data:`PASS_BLOCK` + 1 tiles are first split into ``m`` runs by whole-register
+    shuffles (:func:`deinterleave_run`): tap ``j < m`` of tile ``t`` is element ``t`` of run
+    ``j``, taps ``m`` and ``m+1`` are elements ``t+1`` of runs 0 and 1; the rows' last tiles are
+    then computed again from their extra columns, one column each. Loaded ``m`` apart, each tap
+    had been a gather, and the last tiles a pass of their own. ``m`` must be a literal. Jitted
+    code only.
+    """
+    raise NotImplementedError("jitted code only")
+
+
+@overload(input_row_pass, prefer_literal=True, jit_options={"fastmath": {"contract"}})
+def _input_row_pass_overload(m, src, s0, extra, e0, row_tiles, dst, d0, d_l, n):
+    if not isinstance(m, types.IntegerLiteral):
+        return None
+    ways = m.literal_value
+    one_d, taps_of, row_end_taps_of, alpha = {
+        4: (_input_1d_f4, _deinterleaved_taps4, _row_end_taps4, 6),
+        2: (_input_1d_f2, _deinterleaved_taps2, _row_end_taps2, 4)}[ways]
+    lanes = _register_lanes_of(src.dtype)
+    pitch = PASS_BLOCK + lanes  # the taps of PASS_BLOCK + 1 tiles, in whole registers
+    taps_size = ways * pitch  # a constant for the stack buffer (a product in the body is not)
+
+    def impl(m, src, s0, extra, e0, row_tiles, dst, d0, d_l, n):
+        taps = stack_array_1d(taps_size, dst.dtype)
+        block = stack_array_2d(alpha, PASS_BLOCK, dst.dtype)
+        s0, e0, row_tiles = uintp(s0), uintp(e0), uintp(row_tiles)
+        d0, d_l = uintp(d0), uintp(d_l)
+        for t0 in range(uintp(0), uintp(n), uintp(PASS_BLOCK)):
+            width = min(uintp(PASS_BLOCK), uintp(n) - t0)
+            for g in range(uintp(0), width + uintp(1), uintp(lanes)):
+                deinterleave_run(taps, g, uintp(pitch), src, s0 + uintp(ways) * (t0 + g), ways)
+            for t in range(width):
+                _store_column(block, t, one_d(taps_of(taps, t, uintp(pitch))))
+            r = t0 // row_tiles
+            end = r * row_tiles + row_tiles - uintp(1)  # the block's first row-end tile
+            while end < t0 + width:
+                _store_column(block, end - t0, one_d(row_end_taps_of(taps, end - t0, uintp(pitch), extra,
+                                                                     e0 + uintp(2) * r)))
+                r += uintp(1)
+                end += row_tiles
+            for l in range(alpha):
+                for t in range(width):
+                    dst[d0 + uintp(l) * d_l + t0 + t] = block[l, t]
+
+    return impl
+
+
 # -- filter transform ---------------------------------------------------------------------------
 def transform_filter(m, w_flat, src, Cg, rows, u_flat, u_off, pos_stride):
     """``u_flat[u_off + (i*alpha + j)*pos_stride + c] = (G f_c G^T)[i, j]`` for the ``Cg`` filters
@@ -310,10 +396,21 @@ def filter_transform_kernel(m: int):
 # -- input transform ----------------------------------------------------------------------------
 @njit(inline="always")
 def _copy_run(src, s0, dst, d0, n):
-    """``dst[d0:d0+n] = src[s0:s0+n]`` as a plain loop (numba's slice assignment checks overlap)."""
-    s0, d0 = uintp(s0), uintp(d0)
-    for u in range(uintp(n)):
-        dst[d0 + u] = src[s0 + u]
+    """``dst[d0:d0+n] = src[s0:s0+n]`` in whole vectors, the last one shifted back to end at ``n``
+    (nothing outside the two runs is touched). A plain loop became a vector loop whose unrolled
+    step (64 floats) is longer than a 56^2 image's rows, so they went through its scalar
+    remainder."""
+    s0, d0, n = uintp(s0), uintp(d0), uintp(n)
+    lanes = uintp(vector_lanes(dst))
+    if n >= lanes:
+        u = uintp(0)
+        while u + lanes < n:
+            copy_vector(dst, d0 + u, src, s0 + u)
+            u += lanes
+        copy_vector(dst, d0 + n - lanes, src, s0 + n - lanes)
+    else:
+        for u in range(n):
+            dst[d0 + u] = src[s0 + u]
 
 
 @njit(inline="always")
@@ -355,8 +452,8 @@ def input_transform_kernel(m: int):
         The ``alpha`` input rows of every tile row of the chunk are laid end to end, ``m*ntiles``
         columns each ("main"), so that tile ``T = r*ntiles + t`` starts at column ``m*T`` of the
         whole chunk and both passes run along all of its tiles at once, however narrow the image.
-        The last 2 columns of each row ("extra") go to a side buffer; the last tile of each row,
-        whose taps ``m``, ``m+1`` are those columns, is redone from it at the end.
+        The last 2 columns of each row ("extra") go to a side buffer, from which the pass along the
+        rows (:func:`input_row_pass`) takes the taps ``m``, ``m+1`` of each row's last tile.
         """
         N, C, H, W = x.shape
         Tpad = V.shape[2]
@@ -368,13 +465,11 @@ def input_transform_kernel(m: int):
         zero = _as_type_of(x[0, 0, 0, 0], 0.0)
         parts = _parts(C, threads)
         for part in prange(parts):
-            # + m: the horizontal pass reads past the last row's main columns (tile redone later).
-            src_main = np.empty(alpha * L + m, x.dtype)
+            src_main = np.empty(alpha * L, x.dtype)
             src_extra = np.empty(alpha * E, x.dtype)
-            rows_main = np.empty(alpha * L + m, x.dtype)
+            # + the row pass's overrun: it reads whole registers past the last row's main columns.
+            rows_main = np.empty(alpha * L + m * register_lanes(x), x.dtype)
             rows_extra = np.empty(alpha * E, x.dtype)
-            last = np.empty(alpha * alpha * nrows, x.dtype)
-            src_main[alpha * L:] = 0
             rows_main[alpha * L:] = 0
             c_lo, c_hi = part_range(part, parts, C)
             for c in range(c_lo, c_hi):
@@ -390,21 +485,8 @@ def input_transform_kernel(m: int):
                 transform_pass("input", m, False, src_extra, 0, E, 1, rows_extra, 0, E, 1, E, zero)
                 # (B^T d) B: along the rows, tile T reading main columns m*T .. m*T + alpha - 1.
                 for i in range(alpha):
-                    transform_pass("input", m, False, rows_main, i * L, 1, m, v_flat, (alpha * i * C + c) * Tpad,
-                                   C * Tpad, 1, nrows * ntiles, zero)
-                # The last tile of each row, whose taps m and m+1 are the row's extra columns: the
-                # columns of all rows' last tiles side by side (last[i, j, r]), then one pass per i
-                # storing tile r*ntiles + ntiles - 1 of each row.
-                for r in range(nrows):
-                    T = r * ntiles + ntiles - 1
-                    for i in range(alpha):
-                        for j in range(m):
-                            last[(i * alpha + j) * nrows + r] = rows_main[i * L + m * T + j]
-                        last[(i * alpha + m) * nrows + r] = rows_extra[i * E + 2 * r]
-                        last[(i * alpha + m + 1) * nrows + r] = rows_extra[i * E + 2 * r + 1]
-                for i in range(alpha):
-                    transform_pass("input", m, False, last, i * alpha * nrows, nrows, 1, v_flat,
-                                   (alpha * i * C + c) * Tpad + ntiles - 1, C * Tpad, ntiles, nrows, zero)
+                    input_row_pass(m, rows_main, i * L, rows_extra, i * E, ntiles, v_flat, (alpha * i * C + c) * Tpad,
+                                   C * Tpad, nrows * ntiles)
 
     return input_transform
 
