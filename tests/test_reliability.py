@@ -334,7 +334,7 @@ def test_other_host_array_likes_give_numpy():
 # -- faults and threads ----------------------------------------------------------------------------
 @pytest.mark.parametrize("algo, where", [("blis", "convlib.cpu.blis.allocate_workspace"),
                                          ("direct", "convlib.cpu.direct.pack_weights"),
-                                         ("winograd", "convlib.cpu.winograd.output_transform_kernel")])
+                                         ("winograd", "convlib.cpu.winograd._workspace")])
 def test_a_failure_mid_call_leaves_nothing_behind(algo, where, rng, monkeypatch, tmp_path):
     """A MemoryError forced inside an implementation reaches the caller; afterwards the output
     cache hands out no memory a live result uses, the tuning cache holds nothing of it, and the

@@ -52,6 +52,7 @@ caller's cache entry.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from dataclasses import dataclass
 
@@ -224,7 +225,7 @@ def _workspace(name: str, shape, dtype) -> np.ndarray:
     thread, so concurrent calls from several Python threads never share one).
     """
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > KNOBS.winograd_keep_workspace_bytes:
         return np.empty(shape, dtype)
     buffers = getattr(_kept, "buffers", None)
@@ -371,57 +372,89 @@ class WinogradAlgorithm(WinogradTile):
     def run(self, problem, x, w, bias, device=None):
         """The convolution of ``x`` with ``w`` (the implementation contract of
         :mod:`convlib.core.contracts`)."""
-        filter_transform = filter_transform_kernel(self.m)
-        input_transform = input_transform_kernel(self.m)
-        output_transform = output_transform_kernel(self.m)
         dtype = np.dtype(problem.dtype)
         y = output_cache.empty(problem.y_shape, dtype)
         if y.size == 0:
             return y
-        a2 = self.alpha**2
-        MR, NR = register_tile(problem.dtype)
-        Kg = problem.K_per_group
         threads = thread_count()
-        plan = self.chunk_plan(problem)
-        fused = self.fuses_filters(problem, plan)
-        if fused:
-            block_tiles = self.filter_block_tiles(problem)
-            U = _workspace("U", (threads, self.filter_block_elements(problem)), dtype)
-        else:
-            U = _workspace("U", (a2, problem.groups, -(-Kg // MR) * MR, problem.C_per_group), dtype)
+        launch = _launch(self, problem, threads)
+        U = _workspace("U", launch.u_shape, dtype)
+        if not launch.fused:
             # Dynamic scheduling (chunks of one part) instead of numba's static split: on a shared
             # machine a thread that loses its core would otherwise hold up the whole pass.
             with parallel_chunksize(1):
-                filter_transform(w, U, threads)
+                launch.filter_transform(w, U, threads)
         # Flat buffers: each chunk views the front of them as (a2, C, Tpad).
-        V_buffer = _workspace("V", (a2 * problem.C * plan.padded_tiles,), dtype)
-        M_buffer = _workspace("M", (a2 * problem.K * plan.padded_tiles,), dtype)
-        bias_or_zeros = bias if bias is not None else np.zeros(problem.K, dtype)
+        V_buffer = _workspace("V", (launch.v_elements,), dtype)
+        M_buffer = _workspace("M", (launch.m_elements,), dtype)
+        bias_or_zeros = bias if bias is not None else launch.zero_bias
         nonfinite = np.zeros(1, np.int64)
-        batched_gemm = batched_gemm_kernel(MR, NR)
-        for row0, nrows, tx0, ncols in plan.chunks(problem.N):
-            Tpad = -(-nrows * ncols // NR) * NR
-            V = V_buffer[: a2 * problem.C * Tpad].reshape(a2, problem.C, Tpad)
-            M = M_buffer[: a2 * problem.K * Tpad].reshape(a2, problem.K, Tpad)
-            # The padding columns go through the GEMM (their results are never read): zeros keep
-            # stale NaNs or denormals of an earlier call out of it.
-            V[:, :, nrows * ncols:] = 0
+        a2, C, K = self.alpha**2, problem.C, problem.K
+        for row0, nrows, tx0, ncols, Tpad in launch.chunks:
+            V = V_buffer[: a2 * C * Tpad].reshape(a2, C, Tpad)
+            M = M_buffer[: a2 * K * Tpad].reshape(a2, K, Tpad)
             with parallel_chunksize(1):
-                input_transform(x, V, plan.tiles_h, row0, nrows, tx0, ncols, problem.pad_top, problem.pad_left,
-                                threads)
-            if fused:
-                fused_filter_gemm_kernel(self.m, MR, NR)(w, V, M, U, block_tiles)
+                launch.input_transform(x, V, launch.tiles_h, row0, nrows, tx0, ncols, problem.pad_top,
+                                       problem.pad_left, threads)
+            if launch.fused:
+                launch.gemm(w, V, M, U, launch.block_tiles)
             else:
                 with parallel_chunksize(KNOBS.winograd_gemm_schedule_chunk):
-                    batched_gemm(U, V, M, Kg)
+                    launch.gemm(U, V, M, problem.K_per_group)
             with parallel_chunksize(1):
-                output_transform(M, y, bias_or_zeros, plan.tiles_h, row0, nrows, tx0, ncols, threads, nonfinite)
+                launch.output_transform(M, y, bias_or_zeros, launch.tiles_h, row0, nrows, tx0, ncols, threads,
+                                        nonfinite)
         if nonfinite[0]:
             # An inf or NaN input (or an overflow) spreads over its tiles: recompute the
             # non-finite outputs by the definition (module cpu/exact.py says why that suffices).
             repair_nonfinite(problem, x, w, bias, y)
         return y
 
+
+@dataclass(frozen=True)
+class _Launch:
+    """Everything of a call of :meth:`WinogradAlgorithm.run` but its arrays, computed once per
+    algorithm, problem, thread count and knob state (:func:`_launch`): recomputing it was most of
+    the ~70 us of Python a call spent around its kernels."""
+
+    tiles_h: int
+    chunks: tuple  # (row0, nrows, tx0, ncols, Tpad) per chunk, Tpad its tiles padded to NR
+    fused: bool  # filters transformed block by block inside the GEMM
+    block_tiles: int  # register tiles of one thread's filter block (fused)
+    u_shape: tuple  # of U, or of the threads' filter blocks (fused)
+    v_elements: int
+    m_elements: int
+    filter_transform: object
+    input_transform: object
+    gemm: object  # fused_filter_gemm(w, V, M, U, block_tiles) or batched_gemm(U, V, M, Kg)
+    output_transform: object
+    zero_bias: np.ndarray  # the bias of a call without one
+
+
+@KNOBS.cached
+def _launch(algorithm: WinogradAlgorithm, problem, threads: int) -> _Launch:
+    """The :class:`_Launch` of ``problem`` by ``algorithm`` on ``threads`` threads."""
+    a2 = algorithm.alpha**2
+    MR, NR = register_tile(problem.dtype)
+    Kg = problem.K_per_group
+    plan = algorithm.chunk_plan(problem)
+    fused = algorithm.fuses_filters(problem, plan)
+    block_tiles = algorithm.filter_block_tiles(problem) if fused else 0
+    if fused:
+        u_shape = (threads, algorithm.filter_block_elements(problem))
+        gemm = fused_filter_gemm_kernel(algorithm.m, MR, NR)
+    else:
+        u_shape = (a2, problem.groups, -(-Kg // MR) * MR, problem.C_per_group)
+        gemm = batched_gemm_kernel(MR, NR)
+    chunks = tuple((row0, nrows, tx0, ncols, -(-nrows * ncols // NR) * NR)
+                   for row0, nrows, tx0, ncols in plan.chunks(problem.N))
+    return _Launch(
+        tiles_h=plan.tiles_h, chunks=chunks, fused=fused, block_tiles=block_tiles, u_shape=u_shape,
+        v_elements=a2 * problem.C * plan.padded_tiles, m_elements=a2 * problem.K * plan.padded_tiles,
+        filter_transform=filter_transform_kernel(algorithm.m), input_transform=input_transform_kernel(algorithm.m),
+        gemm=gemm, output_transform=output_transform_kernel(algorithm.m),
+        zero_bias=np.zeros(problem.K, np.dtype(problem.dtype)),
+    )
 
 
 #: F(2x2,3x3): 16 tile positions, 2.25x fewer multiplications than direct.

@@ -445,7 +445,7 @@ def input_transform_kernel(m: int):
         """``V[i*alpha + j, c, r*ntiles + t] = (B^T d B)[i, j]`` for tile ``t`` of chunk row ``r``.
 
         x : (N, C, H, W)          IN  the image, unpadded (padding is read as zeros)
-        V : (alpha**2, C, Tpad)   OUT columns from ``nrows * ntiles`` on are left as they are
+        V : (alpha**2, C, Tpad)   OUT columns from ``nrows * ntiles`` on are zeros (padding of the GEMM)
         The chunk is global tile rows ``row0 .. row0+nrows-1`` (global row ``n*tiles_h + ty``)
         and tile columns ``tx0 .. tx0+ntiles-1``; ``top``, ``left``: padding before the image.
 
@@ -473,6 +473,10 @@ def input_transform_kernel(m: int):
             rows_main[alpha * L:] = 0
             c_lo, c_hi = part_range(part, parts, C)
             for c in range(c_lo, c_hi):
+                # The padding columns go through the GEMM (their results are never read): zeros
+                # keep stale NaNs or denormals of an earlier call out of it.
+                for pos in range(alpha * alpha):
+                    _fill_run(v_flat, (pos * C + c) * Tpad + nrows * ntiles, Tpad - nrows * ntiles)
                 for r in range(nrows):
                     n, ty = divmod(row0 + r, tiles_h)
                     for j in range(alpha):
