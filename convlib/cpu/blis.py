@@ -249,14 +249,22 @@ def launch_plan(problem: ConvProblem, threads: int) -> LaunchPlan:
     return LaunchPlan(b, m_parts, n_parts, b.panel_sizes(problem)[1], geometry_of(problem))
 
 
-def partitions() -> int:
-    """Work partitions of a call: the ``blis_partitions`` knob, else numba's thread count."""
-    return KNOBS.blis_partitions or thread_count()
+def partitions(problem: ConvProblem | None = None) -> int:
+    """Work partitions of a call: the ``blis_partitions`` knob, else numba's thread count; for a
+    ``problem``, at most one per register tile of its output. Every partition allocates its
+    panels, busy or not: a one-row piece of a call cut under a small workspace cap (5 tiles) took
+    16 workspaces with 16 threads, three times the cap."""
+    parts = KNOBS.blis_partitions or thread_count()
+    if problem is None:
+        return parts
+    b = blis_blocking(problem.dtype)
+    tiles = -(-problem.gemm_m // b.MR) * -(-max(problem.gemm_n, 1) // b.NR)
+    return max(1, min(parts, tiles))
 
 
 def workspace_bytes(problem: ConvProblem, device=None) -> int:
     """Bytes of the packed panels a call allocates (independent of N, H and W)."""
-    return blis_blocking(problem.dtype).workspace_bytes(problem, partitions())
+    return blis_blocking(problem.dtype).workspace_bytes(problem, partitions(problem))
 
 
 def run(problem: ConvProblem, x, w, bias, device=None):
@@ -283,7 +291,7 @@ def run(problem: ConvProblem, x, w, bias, device=None):
     dtype = np.dtype(problem.dtype)
     if problem.N == 0:
         return np.empty(problem.y_shape, dtype)
-    threads = partitions()
+    threads = partitions(problem)
     plan = launch_plan(problem, threads)
     b = plan.blocking
     workspace = allocate_workspace(problem, b, threads)
