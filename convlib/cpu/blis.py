@@ -236,35 +236,37 @@ def allocate_workspace(problem: ConvProblem, blocking: BlisBlocking, threads: in
     }
 
 
-#: What a call computes in Python before its kernel: the blocking, the thread grid, the pc loop's step.
-LaunchPlan = namedtuple("LaunchPlan", "blocking m_parts n_parts kc_step geometry")
+#: What a call computes in Python before its kernel: the partitions (each with its panels), the
+#: blocking, the thread grid, the pc loop's step.
+LaunchPlan = namedtuple("LaunchPlan", "partitions blocking m_parts n_parts kc_step geometry")
 
 
 @KNOBS.cached
 def launch_plan(problem: ConvProblem, threads: int) -> LaunchPlan:
-    """The :class:`LaunchPlan` of ``problem`` on ``threads`` partitions (memoised on the knobs'
-    state: a small layer's call would otherwise spend 5-10 us on it each time)."""
-    b = blis_blocking(problem.dtype)
-    m_parts, n_parts = thread_split(problem, b, threads)
-    return LaunchPlan(b, m_parts, n_parts, b.panel_sizes(problem)[1], geometry_of(problem))
+    """The :class:`LaunchPlan` of ``problem`` on at most ``threads`` partitions (memoised on the
+    knobs' state: a small layer's call would otherwise spend 5-10 us on it each time).
 
-
-def partitions(problem: ConvProblem | None = None) -> int:
-    """Work partitions of a call: the ``blis_partitions`` knob, else numba's thread count; for a
-    ``problem``, at most one per register tile of its output. Every partition allocates its
-    panels, busy or not: a one-row piece of a call cut under a small workspace cap (5 tiles) took
-    16 workspaces with 16 threads, three times the cap."""
-    parts = KNOBS.blis_partitions or thread_count()
-    if problem is None:
-        return parts
+    There are no more partitions than register tiles of the output: every partition allocates its
+    panels, busy or not, and a one-row piece of a call cut under a small workspace cap (5 tiles)
+    took 16 workspaces with 16 threads, three times the cap.
+    """
     b = blis_blocking(problem.dtype)
     tiles = -(-problem.gemm_m // b.MR) * -(-max(problem.gemm_n, 1) // b.NR)
-    return max(1, min(parts, tiles))
+    parts = max(1, min(threads, tiles))
+    m_parts, n_parts = thread_split(problem, b, parts)
+    return LaunchPlan(parts, b, m_parts, n_parts, b.panel_sizes(problem)[1], geometry_of(problem))
+
+
+def partitions() -> int:
+    """Work partitions a call may use: the ``blis_partitions`` knob, else numba's thread count
+    (:func:`launch_plan` uses fewer on problems of fewer register tiles)."""
+    return KNOBS.blis_partitions or thread_count()
 
 
 def workspace_bytes(problem: ConvProblem, device=None) -> int:
     """Bytes of the packed panels a call allocates (independent of N, H and W)."""
-    return blis_blocking(problem.dtype).workspace_bytes(problem, partitions(problem))
+    plan = launch_plan(problem, partitions())
+    return plan.blocking.workspace_bytes(problem, plan.partitions)
 
 
 def run(problem: ConvProblem, x, w, bias, device=None):
@@ -291,10 +293,9 @@ def run(problem: ConvProblem, x, w, bias, device=None):
     dtype = np.dtype(problem.dtype)
     if problem.N == 0:
         return np.empty(problem.y_shape, dtype)
-    threads = partitions(problem)
-    plan = launch_plan(problem, threads)
+    plan = launch_plan(problem, partitions())
     b = plan.blocking
-    workspace = allocate_workspace(problem, b, threads)
+    workspace = allocate_workspace(problem, b, plan.partitions)
     y = output_cache.empty(problem.y_shape, dtype)
     has_bias = bias is not None
     bias_arr = np.ascontiguousarray(bias, dtype) if has_bias else np.zeros(1, dtype)

@@ -88,7 +88,7 @@ import numpy as np
 from numba import njit, prange, set_num_threads
 
 from ..core import output_cache
-from .intrinsics import copy_vector, store_fence, vector_fma, vector_lanes, vector_stream_plus
+from .intrinsics import copy_row, store_fence, vector_fma, vector_stream_plus
 from .stack_buffer import stack_array_1d, stack_array_2d
 from .tables import KNOBS, DirectBlocking, direct_blockings, direct_vector_bytes
 from .threads import thread_count
@@ -298,25 +298,6 @@ def workspace_bytes(problem, device=None) -> int:
 # ------------------------------------------------------------------------------------------
 # Kernels
 # ------------------------------------------------------------------------------------------
-@njit(inline="always")
-def copy_row(src, start, dst, dst_start, count):
-    """``dst[dst_start : dst_start + count] = src[start : start + count]`` (unsigned indices) in
-    whole vectors, the last one shifted back to end at ``count``: nothing is read or written
-    outside the two ranges. A plain loop became a vector loop that rows shorter than its unrolled
-    step (an 8x8 image's) skipped for its scalar remainder: gathering the digits CNN's 32 images
-    of 16x8x8 took 150 us this way against 47 (Zen 3, 2 threads)."""
-    lanes = np.uint64(vector_lanes(dst))
-    if count >= lanes:
-        v = np.uint64(0)
-        while v + lanes < count:
-            copy_vector(dst, dst_start + v, src, start + v)
-            v += lanes
-        copy_vector(dst, dst_start + count - lanes, src, start + count - lanes)
-    else:
-        for j in range(count):
-            dst[dst_start + j] = src[start + j]
-
-
 @njit(inline="always")
 def gather_rows(x, n, c_first, Cg, p_lo, rows_in, phases_h, phases_w, stride_h, stride_w, top, left,
                 Hb, Ws, buf, dst0):

@@ -15,15 +15,16 @@ Three families:
   :func:`vector_store_split`, :func:`vector_copy`,
   :func:`transpose_block` and :func:`prefetch_for_write`;
 * 32-byte vectors for the packing routines: :func:`copy_vector`, :func:`copy_vector_stride2`,
-  :func:`deinterleave_vector`, :func:`zero_vector` and :func:`vector_lanes` (elements per 32 bytes, a compile-time constant);
+  :func:`deinterleave_vector`, :func:`zero_vector`, :func:`copy_row` and :func:`vector_lanes` (elements per 32 bytes, a compile-time constant);
 * whole registers of the widest kind for Winograd's input transform: :func:`deinterleave_run` and
   :func:`register_lanes` (elements per register, a compile-time constant).
 """
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
@@ -477,10 +478,32 @@ def _vector_lanes_overload(array):
     return lambda array: lanes
 
 
+@njit(inline="always")
+def copy_row(src, start, dst, dst_start, count):
+    """``dst[dst_start : dst_start + count] = src[start : start + count]`` in whole vectors, the
+    last one shifted back to end at ``count``: nothing is read or written outside the two ranges
+    (indices are taken as unsigned; with ``count`` 0 nothing is touched). A plain loop became a
+    vector loop whose unrolled step outran short rows, which went through its scalar remainder:
+    gathering the digits CNN's 32 images of 16x8x8 for direct took 150 us this way against 47
+    (Zen 3, 2 threads); Winograd's 56-wide rows likewise."""
+    start, dst_start, count = np.uint64(start), np.uint64(dst_start), np.uint64(count)
+    lanes = np.uint64(vector_lanes(dst))
+    if count >= lanes:
+        v = np.uint64(0)
+        while v + lanes < count:
+            copy_vector(dst, dst_start + v, src, start + v)
+            v += lanes
+        copy_vector(dst, dst_start + count - lanes, src, start + count - lanes)
+    else:
+        for j in range(count):
+            dst[dst_start + j] = src[start + j]
+
+
 # -- whole-register runs for the Winograd transforms -------------------------------------------
-def _register_lanes(context, array_type):
-    """Elements of ``array_type``'s dtype in the widest vector register (64 bytes with AVX-512)."""
-    return simd_bytes() // context.get_abi_sizeof(context.get_value_type(array_type.dtype))
+def lanes_per_register(dtype) -> int:
+    """Elements of the numba ``dtype`` in the widest vector register (64 bytes with AVX-512): the V
+    of :func:`deinterleave_run` and :func:`register_lanes`, for overloads that size buffers by it."""
+    return simd_bytes() // (dtype.bitwidth // 8)
 
 
 def _as_intp(context, builder, signature, args, positions):
@@ -504,7 +527,7 @@ def deinterleave_run(typingctx, dst, dst_index, dst_pitch, src, src_index, ways)
     n = ways.literal_value
 
     def codegen(context, builder, signature, args):
-        lanes = _register_lanes(context, signature.args[0])
+        lanes = lanes_per_register(signature.args[0].dtype)
         d0, pitch, s0 = _as_intp(context, builder, signature, args, (1, 2, 4))
         s_, _, align = _vector_at(context, builder, signature.args[3], args[3], s0, lanes * n)
         whole = builder.load(s_, align=align)
@@ -526,5 +549,5 @@ def register_lanes(array):
 
 @overload(register_lanes)
 def _register_lanes_overload(array):
-    lanes = simd_bytes() // (array.dtype.bitwidth // 8)
+    lanes = lanes_per_register(array.dtype)
     return lambda array: lanes

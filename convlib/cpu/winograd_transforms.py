@@ -28,8 +28,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 from numba.np import numpy_support
 
-from .intrinsics import copy_vector, deinterleave_run, register_lanes, vector_lanes
-from .isa import simd_bytes
+from .intrinsics import copy_row, deinterleave_run, lanes_per_register, register_lanes
 from .stack_buffer import stack_array_1d, stack_array_2d
 from .tables import KNOBS
 
@@ -248,11 +247,6 @@ def _transform_pass_overload(kind, m, interleaved, src, s0, s_j, s_t, dst, d0, d
     return impl
 
 
-def _register_lanes_of(dtype) -> int:
-    """Elements of a numba dtype in the widest vector register (the V of the run intrinsics)."""
-    return simd_bytes() // (dtype.bitwidth // 8)
-
-
 @njit(inline="always")
 def _deinterleaved_taps4(taps, t, pitch):
     # Tile t's taps 0..3 are element t of runs 0..3; taps 4, 5 are tile t+1's taps 0, 1.
@@ -303,7 +297,7 @@ def _input_row_pass_overload(m, src, s0, extra, e0, row_tiles, dst, d0, d_l, n):
     one_d, taps_of, row_end_taps_of, alpha = {
         4: (_input_1d_f4, _deinterleaved_taps4, _row_end_taps4, 6),
         2: (_input_1d_f2, _deinterleaved_taps2, _row_end_taps2, 4)}[ways]
-    lanes = _register_lanes_of(src.dtype)
+    lanes = lanes_per_register(src.dtype)
     pitch = PASS_BLOCK + lanes  # the taps of PASS_BLOCK + 1 tiles, in whole registers
     taps_size = ways * pitch  # a constant for the stack buffer (a product in the body is not)
 
@@ -395,25 +389,6 @@ def filter_transform_kernel(m: int):
 
 # -- input transform ----------------------------------------------------------------------------
 @njit(inline="always")
-def _copy_run(src, s0, dst, d0, n):
-    """``dst[d0:d0+n] = src[s0:s0+n]`` in whole vectors, the last one shifted back to end at ``n``
-    (nothing outside the two runs is touched). A plain loop became a vector loop whose unrolled
-    step (64 floats) is longer than a 56^2 image's rows, so they went through its scalar
-    remainder."""
-    s0, d0, n = uintp(s0), uintp(d0), uintp(n)
-    lanes = uintp(vector_lanes(dst))
-    if n >= lanes:
-        u = uintp(0)
-        while u + lanes < n:
-            copy_vector(dst, d0 + u, src, s0 + u)
-            u += lanes
-        copy_vector(dst, d0 + n - lanes, src, s0 + n - lanes)
-    else:
-        for u in range(n):
-            dst[d0 + u] = src[s0 + u]
-
-
-@njit(inline="always")
 def _fill_run(dst, d0, n):
     d0 = uintp(d0)
     for u in range(uintp(n)):
@@ -431,7 +406,7 @@ def _copy_padded_row(x_flat, x_row, W, w_first, dst, d0, n):
     if x_row < 0:
         lo = hi = n
     _fill_run(dst, d0, lo)
-    _copy_run(x_flat, x_row + w_first + lo, dst, d0 + lo, hi - lo)
+    copy_row(x_flat, x_row + w_first + lo, dst, d0 + lo, hi - lo)
     _fill_run(dst, d0 + hi, n - hi)
 
 
@@ -540,6 +515,6 @@ def output_transform_kernel(m: int):
                 for r in range(nrows):
                     n, ty = divmod(row0 + r, tiles_h)
                     for a in range(min(m, P - m * ty)):  # the bottom tile row may be cut
-                        _copy_run(out, a * L + r * row_len, y_flat, ((n * K + k) * P + m * ty + a) * Q + q0, width)
+                        copy_row(out, a * L + r * row_len, y_flat, ((n * K + k) * P + m * ty + a) * Q + q0, width)
 
     return output_transform
