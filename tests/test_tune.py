@@ -26,7 +26,7 @@ from convlib.cpu.tables import (
 )
 from convlib.dispatch.select import rule_choice
 from convlib.testing import TOLERANCE, conv2d_reference, relative_error
-from convlib.tune import search
+from convlib.tune import precompile, search
 
 
 @pytest.fixture
@@ -253,7 +253,9 @@ def test_tune_writes_a_profile_that_the_next_process_uses(profile_env):
     assert saved["mode"] == "quick" and saved["machine"] == cpu_profile.machine_identity()
     assert {"auto", "direct speeds", "winograd register tile", "depthwise ways"} <= set(saved["measurements"])
     assert "tuned in" in result.report()
-    assert list(result.stage_seconds) == ["blis", "direct", "winograd", "depthwise", "auto"]
+    # The kernels are compiled first, in worker processes, where two CPUs or more are ours.
+    stages = list(result.stage_seconds)
+    assert stages[-5:] == ["blis", "direct", "winograd", "depthwise", "auto"] and stages[:-5] in ([], ["compile"])
     assert all(seconds > 0 for seconds in result.stage_seconds.values())
     assert sum(result.stage_seconds.values()) <= result.seconds
     # A new process finds the same values through the knob table.
@@ -266,6 +268,22 @@ def test_tune_writes_a_profile_that_the_next_process_uses(profile_env):
                                       check=True).stdout)
     assert names == sorted(result.knobs)
     assert convlib.tune.forget() == result.path and not result.path.exists() and KNOBS.profile() == {}
+
+
+def test_precompile_workers_run_every_stage_and_report_failures():
+    """The workers run every stage's first calls (one group each) and exit cleanly; a worker that
+    fails is reported with its last line, not raised."""
+    seconds, workers, errors = precompile.precompile(TINY, full=False, workers=2)
+    assert workers == 2 and errors == [] and seconds > 0
+    stages = [stage for group in precompile.WORKER_STAGES for stage in group]
+    assert {s.partition(":")[0] for s in stages} == {"blis", "direct", "winograd", "depthwise", "auto"}
+    # The auto stage's halves cover its shapes once.
+    halves = [precompile._auto_part(TINY["auto"], s.partition(":")[2]) for s in stages if s.startswith("auto:")]
+    assert sorted(map(tuple, halves[0] + halves[1])) == sorted(TINY["auto"])
+    broken = {name: (("not a shape",),) for name in TINY}
+    _, _, errors = precompile.precompile(broken, full=False, workers=2)
+    assert len(errors) == 2 and all("ValueError" in error for error in errors)
+    assert precompile.precompile(TINY, full=False, workers=1) == (0.0, 0, [])
 
 
 def test_depthwise_search_picks_among_its_candidates_and_stays_correct(profile_env, rng):
@@ -315,6 +333,7 @@ def test_an_interrupted_tune_puts_the_earlier_profile_back(profile_env, monkeypa
         applied.append(KNOBS.profile())
         raise KeyboardInterrupt
 
+    monkeypatch.setattr(precompile, "precompile", lambda *args, **kwargs: (0.0, 0, []))
     monkeypatch.setattr(search, "search_blis", first_stage)
     monkeypatch.setattr(search, "search_direct", interrupted)
     with warnings.catch_warnings(), pytest.raises(KeyboardInterrupt):

@@ -24,10 +24,13 @@ A value replaces the one in force only when it is 3% faster in geometric mean ov
 convlib version) and used from then on by the kernels and ``auto``, in this process and the
 next; ``python -m convlib.tune --show`` prints it, ``--forget`` deletes it.
 
-The quick mode (default) takes one to two minutes on two cores once the kernels are compiled;
-the first run on a machine also compiles them (about ten minutes on a 2-core Zen 3 with an empty
-numba cache). ``python -m convlib.tune`` prints what each stage spent; ``mode="full"`` tries more
-values and takes longer. Only float32 is tuned; float64 keeps the table's rows.
+The quick mode (default) takes one to two minutes on two cores once the kernels are compiled.
+A first run also compiles them, into numba's disk cache, before it times anything: worker
+processes call every variant the stages will time once, two at a time
+(:mod:`convlib.tune.precompile`); on a 2-core Zen 5 with an empty numba cache that run took
+123-137 s in all, against 321-374 s compiling in the tuning process as it went.
+``python -m convlib.tune`` prints what each stage spent; ``mode="full"`` tries more values and
+takes longer. Only float32 is tuned; float64 keeps the table's rows.
 
 ``convlib.tune`` is this module, and calling it runs :func:`tune`.
 """
@@ -42,7 +45,7 @@ from pathlib import Path
 
 from ..cpu import profile as cpu_profile
 from ..cpu.tables import KNOBS, VALUE_TYPES
-from . import search, shapes
+from . import precompile, search, shapes
 
 MODES = ("quick", "full")
 
@@ -154,6 +157,18 @@ def tune(mode: str = "quick", *, progress: bool = True, save: bool = True, path=
     )
     try:
         KNOBS.apply_profile({})
+        if bar is not None:
+            bar.set_description("tune compile")
+        compile_seconds, workers, errors = precompile.precompile(sets, full)
+        if workers:
+            stage_seconds["compile"] = compile_seconds
+            line = (f"kernels compiled (or found in numba's cache) in {compile_seconds:.0f} s, {workers} processes "
+                    "at once" + (f"; {len(errors)} failed ({errors[0]}): the stages compile what is missing"
+                                 if errors else ""))
+            if bar is not None:
+                bar.write(f"tune: {line}")
+            else:
+                say(line)
         for name, run in stages:
             if bar is not None:
                 bar.set_description(f"tune {name}")
