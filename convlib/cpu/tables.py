@@ -181,12 +181,16 @@ _WINOGRAD_REGISTER_TILE = {
 }
 
 #: The largest stride-1 depthwise planes computed as whole planes (``depthwise_whole_plane_max_positions``),
-#: per instruction set: with ymm vectors the channel blocks lose on 28x28 planes too (whole planes
-#: 0.64-1.03x the time back to back, three runs, and 0.70-0.74 against 0.77-0.86 ms in the bench,
-#: Zen 5 held to AVX2; at 56x56 0.69-0.87x back to back but 1.70-1.75 against 1.57-1.61 ms in the
-#: bench, so not there); with zmm on Zen 5 the channel blocks won at 28x28 and 56x56 in most runs
-#: (0.41-1.41x), while the Xeon host measured 0.73-0.77x: its tuned profile can say so.
-_DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS = {"avx512": 256, "avx2": 1024}
+#: per instruction set. Until 2026-11-29 14x14 planes (256, zmm) and 28x28 too (1024, ymm) went whole:
+#: measured in session 23, the channel blocks then took twice their time. Re-measured back to back
+#: (2026-11-29, MobileNetV2's 14x14, 28x28 and 7x7 stride-1 layers at batch 8 and 1, interleaved,
+#: `.device/s32/ab_rules.py`), the channel blocks now take 0.58-1.0x the whole planes' time: on
+#: Zen 5 0.66x (384x14^2) and 0.58x (576x14^2), held to AVX2 0.33-0.72x, on the Xeon host at 2, 8
+#: and 16 threads 0.79-1.08x. After a ``gc.collect()`` before each call (the bench's way: cold
+#: caches) the two are within 5% on Zen 5, and the Xeon's whole planes won at 2 threads by 10-25%.
+#: Layers run back to back in a network, so none are computed whole by default; the tuner still
+#: tries 256, 1024 and 4096.
+_DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS = {"avx512": 0, "avx2": 0}
 
 #: ``auto_direct_min_pixels`` per instruction set (the knob's text says why and what was measured).
 _AUTO_DIRECT_MIN_PIXELS = {"avx512": 2048, "avx2": 4096}
@@ -313,13 +317,13 @@ KNOBS = KnobTable("cpu", [
     Knob("depthwise_channel_block_min_filters", 16, "depthwise runs channel-blocked (vectors of 64 bytes of "
          "channels, transposed in and out of a padded band buffer) from this many filters K; below it, the ways "
          "that vectorise along the width (one-channel image filters)"),
-    Knob("depthwise_whole_plane_max_positions", 256, "depthwise layers of many filters whose planes have more than "
+    Knob("depthwise_whole_plane_max_positions", 0, "depthwise layers of many filters whose planes have more than "
          "one block (64 positions) and at most this many positions (H*W) take the whole-plane way where it applies "
          "(stride 1, output the size of the image) instead of channel blocks: a plane is then a few blocks of "
          "positions, each tap one run read in place, where channel blocks transpose every element in and out "
-         "(MobileNetV2's 14x14 stride-1 layers 0.47-0.53x the time on Zen 5, 0.32-0.59x under AVX2, 0.51-1.01x on "
-         "the Xeon host; 7x7, one block, 0.95-1.21x). Derived per instruction set "
-         "(_DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS): 256 with zmm vectors, 1024 (28x28 too) with ymm"),
+         "(MobileNetV2's 14x14 stride-1 layers took 0.47-0.53x the time on Zen 5 in 2026-11-27's kernels; back to "
+         "back on 2026-11-29's, the channel blocks 0.58-1.0x the whole planes' time). Derived per instruction set "
+         "(_DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS): 0 with zmm and with ymm vectors"),
     Knob("depthwise_channel_block_bytes", _DEPTHWISE_CHANNEL_BLOCK_BYTES, "bytes of a channel-blocked depthwise "
          "band's input and output buffers together: a fraction of L2, so the R*S taps reread the band from L2"),
     Knob("depthwise_channel_block_window", True, "channel-blocked depthwise steps at column strides 1 and 2 load "
