@@ -316,3 +316,38 @@ def test_torch_compile_inductor():
     torch._dynamo.reset()
     _compiled_matches_eager("inductor")
 
+
+
+@pytest.mark.parametrize("torch_first", [True, False], ids=["torch-imported-first", "torch-imported-after"])
+def test_convlib_leaves_pytorch_openmp_runtime_unnested(torch_first):
+    """numba's OpenMP layer turns nested parallelism on in the runtime its pool binds to, which is
+    PyTorch's when PyTorch is loaded: every PyTorch parallel region after a convlib call then ran
+    without its spinning team (a training step 7x slower on 2 cores). convlib turns it off again;
+    checked in a fresh process, in both import orders, in the runtimes numba may have used."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import ctypes, json, numpy as np
+        {'import torch' if torch_first else ''}
+        import convlib, numba
+        x = np.ones((1, 2, 8, 8), np.float32)
+        convlib.conv2d(x, np.ones((2, 2, 3, 3), np.float32), padding=1)
+        import torch
+        if numba.threading_layer() != "omp":
+            raise SystemExit(print(json.dumps(numba.threading_layer())))
+        from numba.np.ufunc import omppool
+        nested = [ctypes.CDLL(omppool.__file__).omp_get_nested()]
+        if hasattr(ctypes.CDLL(None), "omp_get_nested"):  # PyTorch's runtime, in the global scope
+            nested.append(ctypes.CDLL(None).omp_get_nested())
+        y = torch.nn.functional.conv2d(torch.ones(1, 2, 8, 8), torch.ones(2, 2, 3, 3), padding=1)
+        assert float(y[0, 0, 4, 4]) == 18.0
+        print(json.dumps(nested))
+    """)
+    out = json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                    check=True).stdout)
+    if isinstance(out, str):
+        pytest.skip(f"numba's threading layer is {out}, not OpenMP")
+    assert out and out == [0] * len(out), out
