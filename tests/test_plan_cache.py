@@ -224,3 +224,41 @@ def test_small_problems_run_on_the_calling_thread_under_the_serial_knob():
             assert numba.get_num_threads() == threads
     np.testing.assert_allclose(serial, conv2d_reference(x, w, padding=1), rtol=1e-4, atol=1e-4)
     assert numba.get_num_threads() == threads
+
+
+def test_a_new_process_loads_every_cpu_kernel_from_numbas_cache():
+    """Each CPU algorithm's kernels, once compiled, are loaded from numba's disk cache by the next
+    process, not compiled again. numba keys a closure's cache entry on its variables, pickled: a
+    kernel closing over a jitted function (a dispatcher pickles with a fresh id) missed the cache
+    in every process (depthwise's channel blocks until 2026-11-29: 7 s of every first call)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import numpy as np
+        from numba.core import event
+        compiled = []
+        class Compiles(event.Listener):
+            def on_start(self, e):
+                compiled.append(e.data["dispatcher"].py_func.__qualname__)
+            def on_end(self, e):
+                pass
+        import convlib
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((2, 32, 12, 12)).astype(np.float32)
+        calls = [(rng.standard_normal((32, 1, 3, 3)).astype(np.float32), dict(groups=32, algo="depthwise")),
+                 (rng.standard_normal((16, 32, 3, 3)).astype(np.float32), dict(algo="direct")),
+                 (rng.standard_normal((16, 32, 3, 3)).astype(np.float32), dict(algo="blis")),
+                 (rng.standard_normal((16, 32, 3, 3)).astype(np.float32), dict(algo="winograd")),
+                 (rng.standard_normal((16, 32, 1, 1)).astype(np.float32), dict(algo="im2col"))]
+        import sys
+        if sys.argv[1] == "count":
+            event.register("numba:compile", Compiles())
+        for w, kw in calls:
+            convlib.conv2d(x, w, padding=w.shape[-1] // 2, **kw)
+        print(sorted(set(q for q in compiled if ".<locals>." in q and "ol_" not in q and "impl" not in q)))
+    """)
+    subprocess.run([sys.executable, "-c", script, "fill"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", script, "count"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", f"compiled again in a new process: {out.stdout}"

@@ -15,7 +15,7 @@ any geometry but small stride-1 planes, which the whole planes below serve faste
 64 bytes of channels of one position, not positions of one channel. A band's input rows are
 transposed into a zero-padded buffer of channel vectors, every output position is ``R*S`` vector
 FMAs (at column strides 1 and 2, a few positions at a time from a window of each filter row's
-input vectors loaded once: :func:`_window_step`), and the outputs are transposed back
+input vectors loaded once: :func:`window_step`), and the outputs are transposed back
 (:func:`channel_block_kernel`). MobileNet's strided and 7x7 planes leave the planar ways below
 rows too short to vectorise along, and their strided planes a de-interleave per plane; here
 neither matters.
@@ -70,7 +70,8 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from ..core import output_cache
 from ..core.problem import ConvProblem
@@ -677,7 +678,7 @@ def channel_block_geometry(problem: ConvProblem) -> tuple[int, int, int]:
     return rows, (rows - 1) * sh + (problem.R - 1) * dh + 1, Wb
 
 
-def _window_step(R: int, S: int, ways: int, L: int, column_stride: int = 1):
+def window_step(acc, wt, buf, at, filter_row, win, R, S, ways, L, column_stride):
     """One step of the channel-blocked kernel at column stride ``column_stride`` (1 or 2) and no
     column dilation: ``acc[v] += sum_{r,s} wt[r*S + s] * buf[at + r*filter_row + (v*column_stride
     + s)*L]`` for the ``ways`` positions ``v``. Each filter row's ``(ways - 1) * column_stride +
@@ -685,20 +686,37 @@ def _window_step(R: int, S: int, ways: int, L: int, column_stride: int = 1):
     every position and tap that reads them: 18 loads for 36 FMAs at stride 1 (3x3, 4 ways), 27
     at stride 2, where the general step loaded each FMA's input and reloaded the taps' offsets
     from the stack (63 loads). MobileNetV2's depthwise layers at batch 8 took 0.61-0.84x the time
-    at stride 1 and 0.88-0.98x at stride 2 (Zen 5, AVX-512; 0.85-0.90x and 0.94-0.96x in AVX2)."""
-    span = (ways - 1) * column_stride + S
+    at stride 1 and 0.88-0.98x at stride 2 (Zen 5, AVX-512; 0.85-0.90x and 0.94-0.96x in AVX2).
 
-    @njit(inline="always")
-    def window_step(acc, wt, buf, at, filter_row, win):
-        for r in range(R):
+    ``R``, ``S``, ``ways``, ``L`` and ``column_stride`` must be compile-time constants. Jitted code
+    only: an overload, so that the kernel calling it refers to no jitted function of its own. A
+    closure over one (as this step was until 2026-11-29) made numba's cache key of the kernel
+    differ in every process (it pickles a closure's variables, and a dispatcher pickles with a
+    fresh id), so the kernel was compiled again in every process: 7 s of the digits example's
+    first training, 5-10 s of every tuning run.
+    """
+    raise NotImplementedError("window_step is called from numba-compiled code only")
+
+
+@overload(window_step, prefer_literal=True, inline="always", jit_options={"fastmath": {"contract"}})
+def _window_step_overload(acc, wt, buf, at, filter_row, win, R, S, ways, L, column_stride):
+    constants = (R, S, ways, L, column_stride)
+    if not all(isinstance(c, types.IntegerLiteral) for c in constants):
+        return None  # numba retries with the literal types
+    r_taps, s_taps, n_ways, lanes, stride = (c.literal_value for c in constants)
+    span = (n_ways - 1) * stride + s_taps
+
+    def impl(acc, wt, buf, at, filter_row, win, R, S, ways, L, column_stride):
+        for r in range(r_taps):
             first = at + uintp(r) * filter_row
             for j in range(span):
-                vector_copy(win, j * L, buf, first + uintp(j * L), L)
-            for s in range(S):
-                for v in range(ways):
-                    vector_fma_lanes(acc, v * L, wt, (r * S + s) * L, win, (v * column_stride + s) * L, L)
+                vector_copy(win, j * lanes, buf, first + uintp(j * lanes), lanes)
+            for s in range(s_taps):
+                for v in range(n_ways):
+                    vector_fma_lanes(acc, v * lanes, wt, (r * s_taps + s) * lanes, win,
+                                     (v * stride + s) * lanes, lanes)
 
-    return window_step
+    return impl
 
 
 @functools.lru_cache(maxsize=None)
@@ -713,7 +731,7 @@ def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
     bias : (K,)          IN  zeros when the call has no bias
     rows, in_rows, Wb    IN  the band geometry (:func:`channel_block_geometry`)
     windowed             IN  steps at column strides 1 and 2 load each filter row's inputs once
-                             (:func:`_window_step`)
+                             (:func:`window_step`)
     y : (N, K, P, Q)     OUT every element written
 
     Work items are (image, block of ``L`` output channels, band of output rows). A band's input
@@ -732,8 +750,6 @@ def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
     block = L * L
     weights = taps * L
     accumulators = ways * L
-    window_step_1 = _window_step(R, S, ways, L, 1)
-    window_step_2 = _window_step(R, S, ways, L, 2)
     window = (2 * (ways - 1) + S) * L  # the step's input vectors of one filter row
 
     @njit(parallel=True, cache=True, fastmath={"contract"})
@@ -752,8 +768,8 @@ def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
         xf, yf = x.reshape(-1), y.reshape(-1)
         step = uintp(stride_w * L)
         filter_row = uintp(dil_h * Wb * L)  # from one filter row's inputs to the next in the buffer
-        windowed_1 = windowed and stride_w == 1 and dil_w == 1  # steps by window_step_1
-        windowed_2 = windowed and stride_w == 2 and dil_w == 1  # ... by window_step_2
+        windowed_1 = windowed and stride_w == 1 and dil_w == 1  # steps by window_step at stride 1
+        windowed_2 = windowed and stride_w == 2 and dil_w == 1  # ... at stride 2
         # Each block's weights, tap-major (a vector of L channels per tap), then its biases: read as
         # whole vectors per item. Lanes past the last filter repeat it (computed, then dropped).
         blocks = np.empty(kblocks * (taps + 1) * L, w.dtype)
@@ -832,14 +848,14 @@ def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
                         while windowed_1 and q + ways <= Q:
                             for v in range(ways):
                                 vector_copy(acc, v * L, bl, 0, L)
-                            window_step_1(acc, wt, buf, row + uintp(q * L), filter_row, win)
+                            window_step(acc, wt, buf, row + uintp(q * L), filter_row, win, R, S, ways, L, 1)
                             for v in range(ways):
                                 vector_copy(out, o_row + uintp((q + v) * L), acc, v * L, L)
                             q += ways
                         while windowed_2 and q + ways <= Q:
                             for v in range(ways):
                                 vector_copy(acc, v * L, bl, 0, L)
-                            window_step_2(acc, wt, buf, row + uintp(q) * step, filter_row, win)
+                            window_step(acc, wt, buf, row + uintp(q) * step, filter_row, win, R, S, ways, L, 2)
                             for v in range(ways):
                                 vector_copy(out, o_row + uintp((q + v) * L), acc, v * L, L)
                             q += ways
