@@ -76,13 +76,16 @@ def accuracy(net, x, y) -> float:
     return (net(x).argmax(1) == y).float().mean().item()
 
 
-def step_timings(x, y, repeats=15, steps_per_call=10):
+def step_timings(x, y, repeats=9, steps_per_call=50):
     """Seconds of one training step on one batch, for each convolution class: the median of
     ``repeats`` timed calls of ``steps_per_call`` consecutive steps each, divided by the steps.
 
-    A timed call is several steps because the timing loop collects garbage before each call (a
+    A timed call is many steps because the timing loop collects garbage before each call (a
     tenth of a second with PyTorch and scikit-learn loaded), which leaves caches and thread pools
     cold: one step after it measured 2-3x its time inside a training loop, for either network.
+    And a training loop is long: with runs of 10 steps the timing missed that convlib's first call
+    had made every later step of either network 7x slower (numba's OpenMP layer had switched
+    nested parallelism on in PyTorch's OpenMP runtime; see ``convlib/cpu/threads.py``).
     """
     batch_x, batch_y = x[:BATCH], y[:BATCH]
     calls = {}
@@ -118,7 +121,7 @@ def main() -> int:
 
     step_s = step_timings(x_train, y_train)
     ours, theirs = step_s["convlib.torch.Conv2d"], step_s["torch.nn.Conv2d"]
-    print(f"one training step (batch {BATCH}, median over runs of 10): convlib {ours * 1e3:.2f} ms, "
+    print(f"one training step (batch {BATCH}, median over runs of 50): convlib {ours * 1e3:.2f} ms, "
           f"torch.nn.Conv2d {theirs * 1e3:.2f} ms (convlib/torch = {ours / theirs:.2f})")
 
     if results["convlib.torch.Conv2d"] < REQUIRED_ACCURACY:
