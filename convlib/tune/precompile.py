@@ -25,6 +25,9 @@ import sys
 import tempfile
 import time
 
+from ..cpu.tables import KNOBS
+from ..dispatch.plan import make_plan
+from . import search
 from .search import Measurer
 
 #: The stages each worker runs, in order: what every stage shares (the drivers of blis, direct,
@@ -46,9 +49,6 @@ class FirstCalls(Measurer):
         super().__init__(repeats=0, max_seconds=0.0)
 
     def time(self, shape, variants):
-        from ..cpu.tables import KNOBS
-        from ..dispatch.plan import make_plan
-
         problem, x, w = self.arrays(shape)
         for algo, overrides in variants.values():
             try:
@@ -69,9 +69,6 @@ def _auto_part(shapes, part: str):
 def run_stages(stages, sets: dict, full: bool) -> None:
     """Run ``stages`` (names, ``"auto:<part>"`` for half of the ``auto`` shapes) with
     :class:`FirstCalls` on the shape ``sets`` of :func:`convlib.tune.tune`."""
-    from ..cpu.tables import KNOBS
-    from . import search
-
     KNOBS.apply_profile({})  # the tuner starts from the built-in values too, whatever profile exists
     measurer = FirstCalls()
     for stage in stages:
