@@ -11,7 +11,8 @@ Four ways through: by the number of filters and the plane's size (:func:`uses_ch
 then by the plane's geometry (:func:`uses_whole_planes`, :func:`uses_gathered_planes`, else bands):
 
 *Channel blocks* (``K >= depthwise_channel_block_min_filters``: the depthwise layers of networks,
-any geometry but small stride-1 planes, which the whole planes below serve faster): a vector holds
+any geometry; the small stride-1 planes too unless ``depthwise_whole_plane_max_positions`` sends
+them to the whole planes below): a vector holds
 64 bytes of channels of one position, not positions of one channel. A band's input rows are
 transposed into a zero-padded buffer of channel vectors, every output position is ``R*S`` vector
 FMAs (at column strides 1 and 2, a few positions at a time from a window of each filter row's
@@ -652,11 +653,11 @@ def uses_channel_blocks(problem: ConvProblem) -> bool:
     mostly full (one-channel image filters keep the ways that vectorise along the width), unless
     the whole-plane way serves it with planes of more than one block (:data:`BLOCK` positions) and
     at most ``depthwise_whole_plane_max_positions``: there a plane is a few blocks of one run per
-    tap, read in place, where the channel blocks transpose every element in and out (MobileNetV2's
-    14x14 stride-1 layers took 0.3-1.0x the time by whole planes on Zen 5, with AVX-512 and held to
-    AVX2, and on the Xeon host; the threshold is derived per instruction set, see
-    :mod:`convlib.cpu.tables`). A plane of one block leaves its last vectors part empty: 7x7 took
-    0.95-1.2x the time."""
+    tap, read in place, where the channel blocks transpose every element in and out. By default
+    none (the knob is 0: since the channel blocks' windowed steps, they take 0.58-1.0x the whole
+    planes' time back to back on MobileNetV2's 14x14 layers; see :mod:`convlib.cpu.tables`); the
+    tuner measures it. A plane of one block leaves its last vectors part empty: 7x7 took 0.95-1.2x
+    the time by whole planes."""
     if problem.K < KNOBS.depthwise_channel_block_min_filters:
         return False
     positions = problem.H * problem.W

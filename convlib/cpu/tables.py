@@ -180,18 +180,6 @@ _WINOGRAD_REGISTER_TILE = {
     "avx2": {"float32": (5, 16), "float64": (5, 8)},
 }
 
-#: The largest stride-1 depthwise planes computed as whole planes (``depthwise_whole_plane_max_positions``),
-#: per instruction set. Until 2026-11-29 14x14 planes (256, zmm) and 28x28 too (1024, ymm) went whole:
-#: measured in session 23, the channel blocks then took twice their time. Re-measured back to back
-#: (2026-11-29, MobileNetV2's 14x14, 28x28 and 7x7 stride-1 layers at batch 8 and 1, interleaved,
-#: `.device/s32/ab_rules.py`), the channel blocks now take 0.58-1.0x the whole planes' time: on
-#: Zen 5 0.66x (384x14^2) and 0.58x (576x14^2), held to AVX2 0.33-0.72x, on the Xeon host at 2, 8
-#: and 16 threads 0.79-1.08x. After a ``gc.collect()`` before each call (the bench's way: cold
-#: caches) the two are within 5% on Zen 5, and the Xeon's whole planes won at 2 threads by 10-25%.
-#: Layers run back to back in a network, so none are computed whole by default; the tuner still
-#: tries 256, 1024 and 4096.
-_DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS = {"avx512": 0, "avx2": 0}
-
 #: ``auto_direct_min_pixels`` per instruction set (the knob's text says why and what was measured).
 _AUTO_DIRECT_MIN_PIXELS = {"avx512": 2048, "avx2": 4096}
 
@@ -239,7 +227,6 @@ def machine_derived_knobs(caches: dict | None = None) -> dict:
         "depthwise_band_bytes": _DEPTHWISE_BAND_BYTES * caches["L2"] // budgets["L2"],
         "depthwise_plane_mask_bytes": _DEPTHWISE_PLANE_MASK_BYTES * caches["L2"] // budgets["L2"],
         "depthwise_channel_block_bytes": _DEPTHWISE_CHANNEL_BLOCK_BYTES * caches["L2"] // budgets["L2"],
-        "depthwise_whole_plane_max_positions": _DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS[host_isa()],
         "auto_direct_min_pixels": _AUTO_DIRECT_MIN_PIXELS[host_isa()],
     }
 
@@ -317,13 +304,20 @@ KNOBS = KnobTable("cpu", [
     Knob("depthwise_channel_block_min_filters", 16, "depthwise runs channel-blocked (vectors of 64 bytes of "
          "channels, transposed in and out of a padded band buffer) from this many filters K; below it, the ways "
          "that vectorise along the width (one-channel image filters)"),
+    # Until 2026-11-29 14x14 planes (256, with zmm) and 28x28 too (1024, with ymm) went whole: in
+    # session 23 the channel blocks took twice their time there. Re-measured back to back (MobileNetV2's
+    # 14x14, 28x28 and 7x7 stride-1 layers at batch 8 and 1, interleaved, `.device/s32/ab_rules.py`),
+    # the channel blocks now take 0.58-1.0x the whole planes' time: Zen 5 0.66x (384x14^2) and 0.58x
+    # (576x14^2), held to AVX2 0.33-0.72x, the Xeon host at 2, 8 and 16 threads 0.79-1.08x. After a
+    # gc.collect() before each call (the bench's cold caches) the two are within 5% on Zen 5, and the
+    # Xeon's whole planes won at 2 threads by 10-25%. Layers run back to back in a network, so none is
+    # computed whole on either instruction set; the tuner still tries 256, 1024 and 4096.
     Knob("depthwise_whole_plane_max_positions", 0, "depthwise layers of many filters whose planes have more than "
          "one block (64 positions) and at most this many positions (H*W) take the whole-plane way where it applies "
          "(stride 1, output the size of the image) instead of channel blocks: a plane is then a few blocks of "
          "positions, each tap one run read in place, where channel blocks transpose every element in and out "
          "(MobileNetV2's 14x14 stride-1 layers took 0.47-0.53x the time on Zen 5 in 2026-11-27's kernels; back to "
-         "back on 2026-11-29's, the channel blocks 0.58-1.0x the whole planes' time). Derived per instruction set "
-         "(_DEPTHWISE_WHOLE_PLANE_MAX_POSITIONS): 0 with zmm and with ymm vectors"),
+         "back on 2026-11-29's, the channel blocks 0.58-1.0x the whole planes' time, so none by default)"),
     Knob("depthwise_channel_block_bytes", _DEPTHWISE_CHANNEL_BLOCK_BYTES, "bytes of a channel-blocked depthwise "
          "band's input and output buffers together: a fraction of L2, so the R*S taps reread the band from L2"),
     Knob("depthwise_channel_block_window", True, "channel-blocked depthwise steps at column strides 1 and 2 load "

@@ -148,13 +148,6 @@ def tune(mode: str = "quick", *, progress: bool = True, save: bool = True, path=
     bar = _progress_bar(_planned_calls(sets, measurer, full), progress)
     if bar is not None:
         measurer.tick = bar.update
-    stages = (
-        ("blis", lambda: search.search_blis(measurer, sets["blis"], full=full)),
-        ("direct", lambda: search.search_direct(measurer, sets["direct"], sets["serial"])),
-        ("winograd", lambda: search.search_winograd(measurer, sets["winograd"], full=full)),
-        ("depthwise", lambda: search.search_depthwise(measurer, sets["depthwise"], full=full)),
-        ("auto", lambda: search.search_auto(measurer, sets["auto"], full=full)),
-    )
     try:
         KNOBS.apply_profile({})
         if bar is not None:
@@ -169,11 +162,11 @@ def tune(mode: str = "quick", *, progress: bool = True, save: bool = True, path=
                 bar.write(f"tune: {line}")
             else:
                 say(line)
-        for name, run in stages:
+        for name, run in search.STAGES:
             if bar is not None:
                 bar.set_description(f"tune {name}")
             stage_started = time.perf_counter()
-            found = run()
+            found = run(measurer, sets, full)
             stage_seconds[name] = time.perf_counter() - stage_started
             found_knobs.update(found.knobs)
             measurements.update(found.record)

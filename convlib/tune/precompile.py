@@ -71,22 +71,15 @@ def run_stages(stages, sets: dict, full: bool) -> None:
     :class:`FirstCalls` on the shape ``sets`` of :func:`convlib.tune.tune`."""
     KNOBS.apply_profile({})  # the tuner starts from the built-in values too, whatever profile exists
     measurer = FirstCalls()
+    runs = dict(search.STAGES)
     for stage in stages:
         name, _, part = stage.partition(":")
-        if name == "blis":
-            search.search_blis(measurer, sets["blis"], full=full)
-        elif name == "direct":
-            search.search_direct(measurer, sets["direct"], sets["serial"])
-        elif name == "winograd":
-            search.search_winograd(measurer, sets["winograd"], full=full)
-        elif name == "depthwise":
-            search.search_depthwise(measurer, sets["depthwise"], full=full)
-        elif name == "auto":
-            shapes = _auto_part(sets["auto"], part) if part else sets["auto"]
-            if shapes:
-                search.search_auto(measurer, shapes, full=full)
-        else:
+        if name not in runs:
             raise ValueError(f"unknown stage {stage!r}")
+        stage_sets = {**sets, "auto": _auto_part(sets["auto"], part)} if part else sets
+        if part and not stage_sets["auto"]:  # an empty half of the auto shapes compiles nothing
+            continue
+        runs[name](measurer, stage_sets, full)
 
 
 def precompile(sets: dict, full: bool, workers: int | None = None) -> tuple[float, int, list]:

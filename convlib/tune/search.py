@@ -422,11 +422,24 @@ def search_auto(measurer: Measurer, shapes, *, full: bool) -> Found:
     return found
 
 
+#: The stages of a tuning run, in their order: ``(name, run)`` with ``run(measurer, sets, full)``
+#: searching the shape sets of :func:`convlib.tune.tune` and returning a :class:`Found`. Both the
+#: tuning process and :mod:`convlib.tune.precompile`'s workers run them from here; the names of
+#: the search functions are looked up at each call.
+STAGES = (
+    ("blis", lambda measurer, sets, full: search_blis(measurer, sets["blis"], full=full)),
+    ("direct", lambda measurer, sets, full: search_direct(measurer, sets["direct"], sets["serial"])),
+    ("winograd", lambda measurer, sets, full: search_winograd(measurer, sets["winograd"], full=full)),
+    ("depthwise", lambda measurer, sets, full: search_depthwise(measurer, sets["depthwise"], full=full)),
+    ("auto", lambda measurer, sets, full: search_auto(measurer, sets["auto"], full=full)),
+)
+
+
 def cache_line() -> str:
     c = cache_sizes()
     return (f"caches ({c['source']}): L1d {c['L1d'] >> 10} KiB, L2 {c['L2'] >> 10} KiB, "
             f"L3 {c['L3'] >> 20} MiB; blocks scaled from them: {_blocking_label(blis_blocking('float32'))}")
 
 
-__all__ = ["Measurer", "Found", "search_blis", "search_direct", "search_winograd", "search_depthwise",
+__all__ = ["Measurer", "Found", "STAGES", "search_blis", "search_direct", "search_winograd", "search_depthwise",
            "search_auto", "auto_candidates", "fit_auto_thresholds"]
