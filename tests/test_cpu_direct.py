@@ -21,7 +21,7 @@ from convlib.testing import TOLERANCE, conv2d_reference_for, relative_error
 
 ALL_BLOCKS = sorted(
     {(dtype, b) for (_, dtype), bs in tables.all_direct_blockings().items() for b in bs},
-    key=lambda item: (item[0], item[1].KB, item[1].QB),
+    key=lambda item: (item[0], item[1].KB, item[1].QB, item[1].along),
 )
 
 # (N, C, H, W, K, R, S, stride, padding, dilation, groups, bias)
@@ -56,7 +56,7 @@ SOURCES = {"by size": {}, "per item": {"direct_whole_input_max_bytes": 0}}
 
 @pytest.mark.parametrize("source", list(SOURCES))
 @pytest.mark.parametrize("case", list(EDGE_CASES))
-@pytest.mark.parametrize("dtype, block", ALL_BLOCKS, ids=lambda v: f"{v.KB}x{v.QB}" if hasattr(v, "KB") else v)
+@pytest.mark.parametrize("dtype, block", ALL_BLOCKS, ids=lambda v: v.label if hasattr(v, "KB") else v)
 def test_every_block_matches_reference(rng, dtype, block, case, source):
     problem = problem_for(case, dtype)
     x, w, b = random_arrays(rng, problem)
@@ -66,7 +66,7 @@ def test_every_block_matches_reference(rng, dtype, block, case, source):
     with KNOBS.override(direct_blockings=(block,), direct_serial_below_flops=0, direct_stream_min_bytes=0,
                         **SOURCES[source]):
         if source == "per item":
-            assert direct._planes(problem, block.QB).source == "per item"
+            assert direct._planes(problem, block).source == "per item"
         assert direct.choose_blocking(problem) == block
         y = direct.run(problem, x, w, b, None)
     assert y.shape == problem.y_shape and y.dtype == np.dtype(dtype)
@@ -126,7 +126,7 @@ def test_workspace_is_what_is_allocated(monkeypatch):
             big = ConvProblem(n, 4, size, size, 4, 3, 3, padding=(1, 1, 1, 1))
             assert direct.workspace_bytes(big) <= threads * 2 * KNOBS.direct_l2_input_budget
     big = ConvProblem(16, 4, 4096, 4096, 4, 3, 3, padding=(1, 1, 1, 1))
-    assert direct._planes(big, direct.choose_blocking(big).QB).source == "per item"
+    assert direct._planes(big, direct.choose_blocking(big)).source == "per item"
 
     # What is allocated is what is reported: the buffers run() asks numpy for.
     sizes = []

@@ -180,7 +180,7 @@ def test_layers_run_their_plans_only_on_what_the_key_describes():
     assert ct._plan_key("conv2d", (x, w, b), (1.0,) + ints[1:], "auto") is None
     assert ct._plan_key("conv2d", (x, w, b), (True,) + ints[1:], "auto") is None
     assert ct._plan_key("conv2d", (x.to(torch.bfloat16), w, b), ints, "auto") is None
-    with KNOBS.override(auto_direct_min_pixels=1):  # the knob state is part of the key
+    with KNOBS.override(auto_direct_max_filters=1):  # the knob state is part of the key
         overridden = ct._plan_key("conv2d", (x, w, b), ints, "auto")
     assert overridden != ct._plan_key("conv2d", (x, w, b), ints, "auto")
     expected = torch.nn.functional.conv2d(x, w, b, 1, 1)

@@ -111,8 +111,7 @@ def _compiled_kernels(tiles: bool):
     for block in direct_blockings("float32")[: None if tiles else 1]:
         with KNOBS.override(direct_blockings=(block,)):
             convlib.conv2d(x, w, padding=1, algo="direct")
-        out.append((f"direct {block.KB}x{block.QB} ({direct_isa()})",
-                    direct.direct_kernel("float32", block.KB, block.QB, direct_vector_bytes())))
+        out.append((f"direct {block.label} ({direct_isa()})", direct.kernel_for("float32", block, direct_vector_bytes())))
     # Two channels: 16 or more would take the channel-blocked way.
     xd = rng.standard_normal((1, 2, 64, 64)).astype(np.float32)
     wd = rng.standard_normal((2, 1, 3, 3)).astype(np.float32)

@@ -88,7 +88,7 @@ import numpy as np
 from numba import njit, prange, set_num_threads
 
 from ..core import output_cache
-from .intrinsics import copy_row, store_fence, vector_fma, vector_stream_plus
+from .intrinsics import copy_row, store_fence, vector_fma, vector_stream_plus, zero_row
 from .stack_buffer import stack_array_1d, stack_array_2d
 from .tables import KNOBS, DirectBlocking, direct_blockings, direct_vector_bytes
 from .threads import thread_count
@@ -117,7 +117,11 @@ class _Planes:
         return problem.N * problem.C * self.planes_per_channel * (problem.P + self.halo) * self.Ws
 
 
-def _planes(problem, QB: int) -> _Planes:
+def _planes(problem, block: DirectBlocking) -> _Planes:
+    """The source planes of ``problem`` run by ``block``. A block along the channels reads them
+    in place or gathered by each work item (its items hold whole images where they fit), never
+    gathered whole beforehand: the gathering then shares the item's parallel region."""
+    QB = block.QB
     sh, sw = problem.stride
     dh, dw = problem.dilation
     P, Q = problem.P, problem.Q
@@ -131,7 +135,7 @@ def _planes(problem, QB: int) -> _Planes:
             and problem.N * problem.C * problem.H * problem.W * problem.itemsize <= cached):
         return _Planes(phases_h, phases_w, halo, problem.W, "in place")  # Ws == W already
     planes = _Planes(phases_h, phases_w, halo, Ws, "whole")
-    if planes.whole_elements(problem) * problem.itemsize <= cached:
+    if block.along == "positions" and planes.whole_elements(problem) * problem.itemsize <= cached:
         return planes
     return _Planes(phases_h, phases_w, halo, Ws, "per item")
 
@@ -153,12 +157,12 @@ def _tap_offsets(problem, planes: _Planes, plane_rows: int) -> np.ndarray:
     return np.ascontiguousarray(offsets.reshape(-1), dtype=np.int64)
 
 
-def _rowwise(problem, planes: _Planes, QB: int) -> bool:
+def _rowwise(problem, planes: _Planes, block: DirectBlocking) -> bool:
     """Whether blocks run row by row (never wrapping) rather than along wide rows: for rows of
     at least one block whose last, shifted-back block recomputes little (at most a tenth more
-    work than the wide rows' thrown-away columns)."""
-    Q = problem.Q
-    if Q < QB:
+    work than the wide rows' thrown-away columns). Never for blocks along the channels."""
+    Q, QB = problem.Q, block.QB
+    if block.along == "channels" or Q < QB:
         return False
     per_row = -(-Q // QB) * QB
     return per_row * problem.P <= 1.1 * ((problem.P - 1) * planes.Ws + Q)
@@ -167,15 +171,19 @@ def _rowwise(problem, planes: _Planes, QB: int) -> bool:
 def choose_blocking(problem) -> DirectBlocking:
     """The candidate block of the ``direct_blockings`` knob expected to finish first.
 
-    Expected time = ``K/groups`` rounded up to ``KB``, times the wide positions rounded up to
-    whole ``QB`` blocks, divided by the block's measured ``speed``; ties go to the earlier
-    candidate.
+    Expected time = ``K/groups`` rounded up to ``KB``, times the positions computed (the wide
+    positions rounded up to whole ``QB`` blocks; for a block along the channels, the output
+    positions), divided by the block's measured ``speed``; ties go to the earlier candidate.
     """
     best, best_cost = None, None
     for b in direct_blockings(problem.dtype):
-        planes = _planes(problem, b.QB)
-        wide_length = (problem.P - 1) * planes.Ws + problem.Q
-        work = -(-problem.K_per_group // b.KB) * b.KB * -(-wide_length // b.QB) * b.QB
+        if b.along == "channels":
+            positions = problem.P * problem.Q
+        else:
+            planes = _planes(problem, b)
+            wide_length = (problem.P - 1) * planes.Ws + problem.Q
+            positions = -(-wide_length // b.QB) * b.QB
+        work = -(-problem.K_per_group // b.KB) * b.KB * positions
         cost = work / b.speed
         if best_cost is None or cost < best_cost:
             best, best_cost = b, cost
@@ -229,12 +237,12 @@ def schedule(problem, block: DirectBlocking, threads: int | None = None) -> Sche
     """
     threads = threads or thread_count()
     wanted_items = 8 * threads
-    planes = _planes(problem, block.QB)
+    planes = _planes(problem, block)
     N, P = problem.N, problem.P
-    rowwise = _rowwise(problem, planes, block.QB)
+    rowwise = _rowwise(problem, planes, block)
     # The fewest rows a band may have: in place, a wide band must hold a whole block (the last
     # block is shifted back inside the band, never before it).
-    min_rows = 1 if rowwise or planes.source == "per item" else max(1, -(-(block.QB - problem.Q) // planes.Ws) + 1)
+    min_rows = 1 if rowwise or planes.source == "per item" or block.along == "channels" else max(1, -(-(block.QB - problem.Q) // planes.Ws) + 1)
     max_bands = max(1, P // min_rows)
     row_bytes = problem.C_per_group * planes.planes_per_channel * planes.Ws * problem.itemsize
     budget = KNOBS.direct_l2_input_budget
@@ -299,21 +307,22 @@ def workspace_bytes(problem, device=None) -> int:
 # Kernels
 # ------------------------------------------------------------------------------------------
 @njit(inline="always")
-def gather_rows(x, n, c_first, Cg, p_lo, rows_in, phases_h, phases_w, stride_h, stride_w, top, left,
-                Hb, Ws, buf, dst0):
+def gather_rows(x_flat, C, H, W, n, c_first, Cg, p_lo, rows_in, phases_h, phases_w, stride_h, stride_w, top,
+                left, Hb, Ws, buf, dst0):
     """Plane rows ``p_lo .. p_lo + rows_in`` of channels ``c_first .. c_first + Cg`` of image
     ``n``, zero-padded and split into stride phases (see the module docstring), into ``buf`` from
     ``dst0`` on, laid out ``(c, phase a, phase b, Hb rows, Ws)``.
 
     Parameters
     ----------
-    x : (N, C, H, W) array                 # IN
+    x_flat : 1-D array                     # IN  an (N, C, H, W) array, flat: flattened by the
+                                           #     caller, once (a reshape in each parallel work
+                                           #     item cost ~0.2 us, the whole gather of a small
+                                           #     image's plane)
     phases_h, phases_w : int64 arrays      # IN  phases a, b kept
     buf : 1-D array                        # OUT rows_in rows of every plane written
     """
-    N, C, H, W = x.shape
     nph, npw = phases_h.size, phases_w.size
-    x_flat = x.reshape(-1)
     for c in range(Cg):
         for ia in range(nph):
             a = phases_h[ia]
@@ -326,14 +335,14 @@ def gather_rows(x, n, c_first, Cg, p_lo, rows_in, phases_h, phases_w, stride_h, 
                 for i in range(rows_in):
                     dst = plane + i * Ws
                     row = (p_lo + i) * stride_h + a - top
-                    if row < 0 or row >= H:
-                        for j in range(Ws):
-                            buf[dst + j] = 0
+                    # The whole row zeroed, then the image's columns copied over it: two runs of
+                    # whole vectors. (Zeroing only the padding took three loops of their own,
+                    # each vectorised, unrolled and versioned by LLVM: the gather of the digits
+                    # CNN's small planes came out 2-3x slower.)
+                    if row < 0 or row >= H or j_hi == j_lo or j_lo > 0 or j_hi < Ws:
+                        zero_row(buf, dst, Ws)
+                    if row < 0 or row >= H or j_hi == j_lo:
                         continue
-                    for j in range(j_lo):
-                        buf[dst + j] = 0
-                    for j in range(j_hi, Ws):
-                        buf[dst + j] = 0
                     # Unsigned flat indices from the first copied element on: no negative-index checks.
                     out = np.uint64(dst + j_lo)
                     src = np.uint64(((n * C + c_first + c) * H + row) * W + j_lo * stride_w + b - left)
@@ -361,13 +370,14 @@ def gather_source_planes(x, phases_h, phases_w, stride_h, stride_w, top, left, x
     stride_h, stride_w, top, left : int                 # IN
     xs : (N, C, len(phases_h), len(phases_w), Hs, Ws)   # OUT every element written
     """
-    N, C = x.shape[0], x.shape[1]
+    N, C, H, W = x.shape
     nph, npw, Hs, Ws = xs.shape[2], xs.shape[3], xs.shape[4], xs.shape[5]
     xs_flat = xs.reshape(-1)
+    x_flat = x.reshape(-1)
     for item in prange(N * C):
         n = item // C
         c = item - n * C
-        gather_rows(x, n, c, 1, 0, Hs, phases_h, phases_w, stride_h, stride_w, top, left, Hs, Ws, xs_flat,
+        gather_rows(x_flat, C, H, W, n, c, 1, 0, Hs, phases_h, phases_w, stride_h, stride_w, top, left, Hs, Ws, xs_flat,
                     item * nph * npw * Hs * Ws)
 
 
@@ -493,6 +503,7 @@ def direct_kernel(dtype: str, KB: int, QB: int, vector_bytes: int | None = None)
         items = groups * k_ranges * item_images * bands
         yflat = y.reshape(-1)
         w_flat = wpack.reshape(-1)
+        x_flat = x.reshape(-1)
         PQ = P * Q
         for worker in prange(workers):  # noqa: B007 (each worker takes items until none are left)
             acc = stack_array_1d(ACC, scalar)  # row kk: acc[kk*QB : (kk+1)*QB]
@@ -516,7 +527,7 @@ def direct_kernel(dtype: str, KB: int, QB: int, vector_bytes: int | None = None)
                     continue  # more bands than rows
                 if gather:
                     for n in range(n0, n1):
-                        gather_rows(x, n, g * Cg, Cg, p_lo, rows + halo, phases_h, phases_w, stride_h,
+                        gather_rows(x_flat, C, H, W, n, g * Cg, Cg, p_lo, rows + halo, phases_h, phases_w, stride_h,
                                     stride_w, top, left, Hb, Ws, buf, (n - n0) * buffer_image)
                     src = buf
                 else:
@@ -611,6 +622,118 @@ def direct_kernel(dtype: str, KB: int, QB: int, vector_bytes: int | None = None)
     return direct_conv_blocked
 
 
+@functools.lru_cache(maxsize=None)
+def direct_channels_kernel(dtype: str, KB: int, PB: int, vector_bytes: int | None = None):
+    """The kernel of a block along the channels (``DirectBlocking(along="channels")``): ``KB``
+    output channels in the vector lanes x ``PB`` output positions; compiled on first call.
+
+    Same arguments as :func:`direct_kernel`'s (``rowwise``, ``stream`` and ``y_misalign`` unused:
+    its stores are one element each), and the same work items, sources and tap offsets. A block's
+    positions are any ``PB`` consecutive ones of its item, in the order (image, row, column), so
+    they may span rows and images and none is computed for nothing (but where the item has fewer
+    than ``PB``). Per tap it costs ``PB`` input broadcasts (one element each, from the position's
+    place in the planes plus the tap's offset), ``KB / lanes`` weight vectors (packed
+    ``(group, K-block, tap, KB)`` as for the other blocks) and ``PB * KB / lanes`` FMAs. An
+    accumulator holds ``lanes`` channels of one position, stored element by element: ``KB * PB``
+    scalar stores per block, against ``taps * PB * KB / lanes`` FMAs.
+    """
+    scalar = np.dtype(dtype).type
+    L = max(1, (vector_bytes or direct_vector_bytes()) // np.dtype(dtype).itemsize)  # lanes of a vector
+    MV = KB // L  # weight vectors per tap
+    ACC = KB * PB
+    if MV * L != KB:
+        raise ValueError(f"direct block along the channels KB={KB} is not a whole number of {L}-lane vectors")
+
+    @njit(parallel=True, cache=True, fastmath={"contract"})
+    def direct_conv_channels(x, source, image_stride, group_stride, bufs, phases_h, phases_w, stride_h,
+                             stride_w, top, left, Hb, Ws, tap_offsets, wpack, bias_packed, images, bands,
+                             k_ranges, rowwise, stream, y_misalign, workers, next_item, y):
+        N, C, H, W = x.shape
+        K, P, Q = y.shape[1], y.shape[2], y.shape[3]
+        groups, nkb, taps = wpack.shape[0], wpack.shape[1], wpack.shape[2]
+        Kg = K // groups
+        Cg = C // groups
+        gather = bufs.shape[1] > 0
+        halo = Hb - (P + bands - 1) // bands
+        buffer_image = Cg * phases_h.size * phases_w.size * Hb * Ws  # in a gather buffer
+        item_images = (N + images - 1) // images
+        kb_per_range = (nkb + k_ranges - 1) // k_ranges
+        items = groups * k_ranges * item_images * bands
+        yflat = y.reshape(-1)
+        w_flat = wpack.reshape(-1)
+        x_flat = x.reshape(-1)
+        PQ = P * Q
+        for worker in prange(workers):  # noqa: B007 (each worker takes items until none are left)
+            acc = stack_array_1d(ACC, scalar)  # position i: acc[i*KB : (i+1)*KB], its KB channels
+            base = stack_array_1d(PB, np.int64)  # where position i reads in the source
+            out = stack_array_1d(PB, np.int64)  # where it goes in y, channel kb*KB
+            buf = bufs[worker]
+            while True:
+                item = fetch_and_increment(next_item)
+                if item >= items:
+                    break
+                band = item % bands
+                rest = item // bands
+                chunk = rest % item_images
+                rest //= item_images
+                kr = rest % k_ranges
+                g = rest // k_ranges
+                n0 = chunk * images
+                n1 = min(N, n0 + images)
+                p_lo = band * P // bands
+                rows = (band + 1) * P // bands - p_lo
+                if rows == 0 or n1 <= n0:
+                    continue  # more bands than rows
+                if gather:
+                    for n in range(n0, n1):
+                        gather_rows(x_flat, C, H, W, n, g * Cg, Cg, p_lo, rows + halo, phases_h, phases_w, stride_h,
+                                    stride_w, top, left, Hb, Ws, buf, (n - n0) * buffer_image)
+                    src = buf
+                else:
+                    src = source
+                image_positions = rows * Q
+                count = (n1 - n0) * image_positions
+                for kb in range(kr * kb_per_range, min(nkb, (kr + 1) * kb_per_range)):
+                    kvalid = min(KB, Kg - kb * KB)
+                    w_block = ((g * nkb + kb) * taps) * KB
+                    for j0 in range(0, count, PB):
+                        j0 = max(0, min(j0, count - PB))  # the last block shifted back onto the item
+                        for i in range(PB):
+                            j = min(j0 + i, count - 1)  # an item of fewer than PB: repeats its last
+                            m = j // image_positions
+                            pq = j - m * image_positions
+                            p = pq // Q
+                            q = pq - p * Q
+                            if gather:
+                                base[i] = m * buffer_image + p * Ws + q
+                            else:
+                                base[i] = (n0 + m) * image_stride + g * group_stride + (p_lo + p) * Ws + q
+                            out[i] = ((n0 + m) * K + g * Kg + kb * KB) * PQ + (p_lo + p) * Q + q
+                        for i in range(ACC):
+                            acc[i] = 0
+                        for t in range(taps):
+                            off = tap_offsets[t]
+                            for i in range(PB):
+                                s0 = np.uint64(base[i] + off)
+                                for v in range(MV):
+                                    vector_fma(acc, i * KB + v * L, src, s0, w_flat,
+                                               np.uint64(w_block + t * KB + v * L), L)
+                        for kk in range(KB):
+                            if kk < kvalid:
+                                bk = bias_packed[g, kb, kk]
+                                for i in range(PB):
+                                    yflat[np.uint64(out[i] + kk * PQ)] = acc[i * KB + kk] + bk
+
+    return direct_conv_channels
+
+
+def kernel_for(dtype: str, block: DirectBlocking, vector_bytes: int | None = None):
+    """The kernel of ``block``: :func:`direct_kernel` or :func:`direct_channels_kernel`."""
+    if block.along == "channels":
+        return direct_channels_kernel(dtype, block.KB, block.QB, vector_bytes)
+    return direct_kernel(dtype, block.KB, block.QB, vector_bytes)
+
+
 # ------------------------------------------------------------------------------------------
 # Module contract
 # ------------------------------------------------------------------------------------------
@@ -681,7 +804,7 @@ def _launch(problem, threads: int) -> _Launch:
     """The :class:`_Launch` of ``problem`` on ``threads`` threads: the block, the source planes
     and the schedule, then what follows from them."""
     blk = choose_blocking(problem)
-    planes = _planes(problem, blk.QB)
+    planes = _planes(problem, blk)
     plan = schedule(problem, blk, threads)
     dtype = np.dtype(problem.dtype)
     nkb = -(-problem.K_per_group // blk.KB)
@@ -690,7 +813,7 @@ def _launch(problem, threads: int) -> _Launch:
                   "per item": plan.band_rows(problem) + planes.halo}[planes.source]
     return _Launch(
         blocking=blk, planes=planes, schedule=plan,
-        kernel=direct_kernel(problem.dtype, blk.KB, blk.QB, direct_vector_bytes()),
+        kernel=kernel_for(problem.dtype, blk, direct_vector_bytes()),
         tap_offsets=_tap_offsets(problem, planes, plane_rows),
         phases_h=np.asarray(planes.phases_h, dtype=np.int64), phases_w=np.asarray(planes.phases_w, dtype=np.int64),
         band_rows=plan.band_rows(problem) + planes.halo,

@@ -499,6 +499,23 @@ def copy_row(src, start, dst, dst_start, count):
             dst[dst_start + j] = src[start + j]
 
 
+
+@njit(inline="always")
+def zero_row(dst, dst_start, count):
+    """``dst[dst_start : dst_start + count] = 0`` in whole vectors, the last one shifted back to
+    end at ``count`` (as :func:`copy_row`; nothing outside the range is written)."""
+    dst_start, count = np.uint64(dst_start), np.uint64(count)
+    lanes = np.uint64(vector_lanes(dst))
+    if count >= lanes:
+        v = np.uint64(0)
+        while v + lanes < count:
+            zero_vector(dst, dst_start + v)
+            v += lanes
+        zero_vector(dst, dst_start + count - lanes)
+    else:
+        for j in range(count):
+            dst[dst_start + j] = 0
+
 # -- whole-register runs for the Winograd transforms -------------------------------------------
 def lanes_per_register(dtype) -> int:
     """Elements of the numba ``dtype`` in the widest vector register (64 bytes with AVX-512): the V

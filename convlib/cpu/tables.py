@@ -115,11 +115,24 @@ class DirectBlocking:
     speed : float
         Measured multiply-adds per second relative to the table's best block, on a deep
         reduction; :func:`convlib.cpu.direct.choose_blocking` divides the padded work by it.
+    along : str
+        What the vector lanes hold. ``"positions"``: ``QB`` consecutive wide positions (a
+        multiple of the SIMD width), ``KB`` weights broadcast per tap. ``"channels"``: ``KB``
+        output channels (a multiple of the SIMD width) of ``QB`` output positions taken anywhere
+        (an input value broadcast per position and tap): no wide-row columns thrown away, the
+        block for small planes (an 8x8 image padded to pitch 10 keeps 64 of every 96
+        positions a 32-wide block computes).
     """
 
     KB: int
     QB: int
     speed: float = 1.0
+    along: str = "positions"
+
+    @property
+    def label(self) -> str:
+        """``"3x32"``, or ``"16c x6"`` for a block along the channels."""
+        return f"{self.KB}x{self.QB}" if self.along == "positions" else f"{self.KB}c x{self.QB}"
 
 
 #: Register tiles per (instruction set, dtype), like BLIS's per-target configurations. The tile
@@ -150,16 +163,20 @@ _DIRECT_BLOCKINGS = {
     ("avx512", "float32"): (
         DirectBlocking(KB=4, QB=96), DirectBlocking(KB=8, QB=48), DirectBlocking(KB=12, QB=32),
         DirectBlocking(KB=4, QB=80), DirectBlocking(KB=1, QB=128, speed=0.5),
+        DirectBlocking(KB=32, QB=12, speed=0.9, along="channels"), DirectBlocking(KB=16, QB=24, speed=0.9, along="channels"),
     ),
     ("avx512", "float64"): (
         DirectBlocking(KB=4, QB=48), DirectBlocking(KB=8, QB=24), DirectBlocking(KB=12, QB=16),
         DirectBlocking(KB=4, QB=40), DirectBlocking(KB=1, QB=64, speed=0.5),
+        DirectBlocking(KB=16, QB=12, speed=0.9, along="channels"), DirectBlocking(KB=8, QB=24, speed=0.9, along="channels"),
     ),
     ("avx2", "float32"): (
         DirectBlocking(KB=3, QB=32), DirectBlocking(KB=2, QB=48, speed=0.9), DirectBlocking(KB=1, QB=96, speed=0.5),
+        DirectBlocking(KB=16, QB=6, speed=0.9, along="channels"),
     ),
     ("avx2", "float64"): (
         DirectBlocking(KB=3, QB=16), DirectBlocking(KB=2, QB=24, speed=0.9), DirectBlocking(KB=1, QB=48, speed=0.5),
+        DirectBlocking(KB=8, QB=6, speed=0.9, along="channels"),
     ),
 }
 
@@ -180,8 +197,6 @@ _WINOGRAD_REGISTER_TILE = {
     "avx2": {"float32": (5, 16), "float64": (5, 8)},
 }
 
-#: ``auto_direct_min_pixels`` per instruction set (the knob's text says why and what was measured).
-_AUTO_DIRECT_MIN_PIXELS = {"avx512": 2048, "avx2": 4096}
 
 _DIRECT_L2_INPUT_BUDGET = 512 * 1024
 _DEPTHWISE_BAND_BYTES = 512 * 1024
@@ -227,7 +242,6 @@ def machine_derived_knobs(caches: dict | None = None) -> dict:
         "depthwise_band_bytes": _DEPTHWISE_BAND_BYTES * caches["L2"] // budgets["L2"],
         "depthwise_plane_mask_bytes": _DEPTHWISE_PLANE_MASK_BYTES * caches["L2"] // budgets["L2"],
         "depthwise_channel_block_bytes": _DEPTHWISE_CHANNEL_BLOCK_BYTES * caches["L2"] // budgets["L2"],
-        "auto_direct_min_pixels": _AUTO_DIRECT_MIN_PIXELS[host_isa()],
     }
 
 
@@ -352,13 +366,6 @@ KNOBS = KnobTable("cpu", [
          "many filters per group ..."),
     Knob("auto_direct_max_reduction", 512, "... and up to this reduction: packing B costs blis more than "
          "direct's re-reads of the image (ResNet-50's stem)"),
-    Knob("auto_direct_min_pixels", _AUTO_DIRECT_MIN_PIXELS["avx2"], "... and from this many output pixels in "
-         "the batch (GEMM N) up: below, an image is too small for direct's blocks along the output rows. The "
-         "digits CNN's 16->32 layer (32 images of 8x8, 2048 pixels) sits at the limit, so the value is derived "
-         "per instruction set: 2048 with AVX-512, whose 4x80 block fits its padded rows (the training step took "
-         "0.97x the time with blis there, Zen 5; before that block, blis won by 2-4%, Zen 4), 4096 with AVX2, "
-         "whose blocks do not (direct there: 1.03-1.11x the step's time on a Zen 3, 0.99x on Zen 5 held to "
-         "AVX2; examples/train_digits.py, 2 threads)"),
     # -- winograd --------------------------------------------------------------------------
     Knob("winograd_chunk_bytes", 4 * 2**20, "target bytes of one chunk's transformed input plus GEMM output "
          "(V + M), derived as a quarter of the last-level cache within 2-8 MiB, so both stay in it between "

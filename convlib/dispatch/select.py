@@ -78,12 +78,11 @@ def _cpu_rules(problem: ConvProblem) -> list[tuple[str, str]]:
     # stride-1, unpadded) layer, whose packing is a plain copy of channel rows. Elsewhere, with at
     # most 256 filters per group and a reduction of at most 512, packing B costs blis more than
     # direct's re-reads of the image (the stem); past that, blis' register blocking wins.
-    # Below auto_direct_min_pixels output pixels in the batch the images are too small for direct's
-    # blocks along the output rows and blis' packing of B is cheap; 8x8 images (a padded 8x8
-    # output is one 80-wide block, a fifth of it thrown away) at batch 32 are just past it.
+    # Small images included: direct's blocks along the output channels (direct.py) compute no
+    # padding columns (the digits CNN's 8x8 layers at batch 32: direct 0.55-0.8x blis' time, Zen 3;
+    # blis had won there while direct's blocks ran along the padded rows only).
     if (not problem.columns_are_the_image and problem.K_per_group <= CPU_KNOBS.auto_direct_max_filters
-            and problem.gemm_k <= CPU_KNOBS.auto_direct_max_reduction
-            and problem.gemm_n >= CPU_KNOBS.auto_direct_min_pixels):
+            and problem.gemm_k <= CPU_KNOBS.auto_direct_max_reduction):
         rules.append(("direct", "few filters and a short reduction: direct beats packing for a GEMM"))
     rules.append(("blis", "GEMM-shaped problem: the packed BLIS GEMM reads the image directly, with bounded workspace"))
     return rules

@@ -13,6 +13,7 @@ in force) and what it measured, for the profile and the report.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -218,14 +219,14 @@ def search_direct(measurer: Measurer, shapes, ladder) -> Found:
     weighs against padding waste, and the FLOPs below which it runs on one thread."""
     found = Found()
     blocks = direct_blockings("float32")
-    labels = {f"{b.KB}x{b.QB}": b for b in blocks}
+    labels = {b.label: b for b in blocks}
     times = [measurer.time(s, {label: ("direct", {"direct_blockings": (b,)}) for label, b in labels.items()})
              for s in shapes]
     best = min(labels, key=lambda label: _geomean_ratio(times, label, next(iter(labels))))
     speeds = {label: 1 / _geomean_ratio(times, label, best) for label in labels}
     old = {label: b.speed for label, b in labels.items()}
-    new = tuple(type(b)(KB=b.KB, QB=b.QB, speed=round(min(1.0, speeds[label]), 2) if math.isfinite(speeds[label])
-                        else b.speed) for label, b in labels.items())
+    new = tuple(dataclasses.replace(b, speed=round(min(1.0, speeds[label]), 2) if math.isfinite(speeds[label])
+                                    else b.speed) for label, b in labels.items())
     found.record["direct speeds"] = {"shapes": [s[0] for s in shapes], "measured": speeds, "was": old}
     if any(abs(n.speed - o.speed) >= 0.05 for n, o in zip(new, blocks)):
         found.knobs["direct_blockings"] = {(direct_isa(), "float32"): new}
