@@ -159,16 +159,21 @@ _BLIS_BLOCKING = {
 #: convolution. AVX-512's 4 x 5 vectors (20 accumulators) fits the wide rows of 8x8 images padded by
 #: one (78 positions) and rows of 65-80 outputs, which every other block pads to 96: 0.90-0.94x the
 #: time on the digits CNN's 16->32 layer, 8x8 64->64 and 80x80 16->32 layers (Zen 5, 2 threads).
+#: The blocks along the channels (last in each row) and their speeds: on a Zen 3 (AVX2) they beat the
+#: rows' blocks on ResNet-50's 14x14 layers and the digits CNN's 8x8 ones by more than the padding
+#: they save (0.40-0.86x the time); on the Xeon host (AVX-512) they took 1.25-1.52x the time of the
+#: rows' blocks on the same ResNet layers and 0.86-0.94x on the digits CNN's (2 pinned cores), so there
+#: their speed, 0.6, leaves them to the tuner (docs/benchmarks.md, 2026-11-29, session 33).
 _DIRECT_BLOCKINGS = {
     ("avx512", "float32"): (
         DirectBlocking(KB=4, QB=96), DirectBlocking(KB=8, QB=48), DirectBlocking(KB=12, QB=32),
         DirectBlocking(KB=4, QB=80), DirectBlocking(KB=1, QB=128, speed=0.5),
-        DirectBlocking(KB=32, QB=12, speed=0.9, along="channels"), DirectBlocking(KB=16, QB=24, speed=0.9, along="channels"),
+        DirectBlocking(KB=32, QB=12, speed=0.6, along="channels"), DirectBlocking(KB=16, QB=24, speed=0.6, along="channels"),
     ),
     ("avx512", "float64"): (
         DirectBlocking(KB=4, QB=48), DirectBlocking(KB=8, QB=24), DirectBlocking(KB=12, QB=16),
         DirectBlocking(KB=4, QB=40), DirectBlocking(KB=1, QB=64, speed=0.5),
-        DirectBlocking(KB=16, QB=12, speed=0.9, along="channels"), DirectBlocking(KB=8, QB=24, speed=0.9, along="channels"),
+        DirectBlocking(KB=16, QB=12, speed=0.6, along="channels"), DirectBlocking(KB=8, QB=24, speed=0.6, along="channels"),
     ),
     ("avx2", "float32"): (
         DirectBlocking(KB=3, QB=32), DirectBlocking(KB=2, QB=48, speed=0.9), DirectBlocking(KB=1, QB=96, speed=0.5),
