@@ -221,12 +221,14 @@ def thread_split(problem: ConvProblem, blocking: BlisBlocking, threads: int) -> 
     return best[1], best[2]
 
 
-def allocate_workspace(problem: ConvProblem, blocking: BlisBlocking, threads: int) -> dict:
+def allocate_workspace(problem: ConvProblem, blocking: BlisBlocking, threads: int, m_parts: int = 1,
+                       n_parts: int = 1) -> dict:
     """The per-thread scratch arrays of the driver, in its argument order (``Ac_ws``, ``Bc_ws``,
-    ``tile_ws``, ``taps_ws``, ``runs_ws``); their bytes are ``blocking.workspace_bytes(problem,
-    threads)``."""
+    ``tile_ws``, ``taps_ws``, ``runs_ws``), each thread's panels sized for its share of the
+    ``m_parts x n_parts`` grid; their bytes are ``blocking.workspace_bytes(problem, threads,
+    m_parts, n_parts)``."""
     dtype = np.dtype(problem.dtype)
-    mc, kc, nc = blocking.panel_sizes(problem)
+    mc, kc, nc = blocking.panel_sizes(problem, m_parts, n_parts)
     return {
         "Ac_ws": np.empty((threads, mc * kc), dtype),
         "Bc_ws": np.empty((threads, kc * nc + VECTOR_SLACK_BYTES // dtype.itemsize), dtype),
@@ -266,7 +268,7 @@ def partitions() -> int:
 def workspace_bytes(problem: ConvProblem, device=None) -> int:
     """Bytes of the packed panels a call allocates (independent of N, H and W)."""
     plan = launch_plan(problem, partitions())
-    return plan.blocking.workspace_bytes(problem, plan.partitions)
+    return plan.blocking.workspace_bytes(problem, plan.partitions, plan.m_parts, plan.n_parts)
 
 
 def run(problem: ConvProblem, x, w, bias, device=None):
@@ -295,7 +297,7 @@ def run(problem: ConvProblem, x, w, bias, device=None):
         return np.empty(problem.y_shape, dtype)
     plan = launch_plan(problem, partitions())
     b = plan.blocking
-    workspace = allocate_workspace(problem, b, plan.partitions)
+    workspace = allocate_workspace(problem, b, plan.partitions, plan.m_parts, plan.n_parts)
     y = output_cache.empty(problem.y_shape, dtype)
     has_bias = bias is not None
     bias_arr = np.ascontiguousarray(bias, dtype) if has_bias else np.zeros(1, dtype)

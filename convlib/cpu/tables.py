@@ -64,28 +64,34 @@ class BlisBlocking:
         if self.MC % self.MR or self.NC % self.NR:
             raise ValueError(f"{self}: MC must be a multiple of MR and NC a multiple of NR")
 
-    def panel_sizes(self, problem) -> tuple[int, int, int]:
-        """``(mc, kc, nc)``: the block sizes clipped to ``problem``, as the panels are allocated.
+    def panel_sizes(self, problem, m_parts: int = 1, n_parts: int = 1) -> tuple[int, int, int]:
+        """``(mc, kc, nc)``: the block sizes clipped to ``problem``, as the panels are allocated;
+        with ``m_parts x n_parts`` threads sharing the output, clipped to one thread's share of its
+        register tiles (a small piece's panels on many threads would otherwise each be sized for
+        the whole piece: 16 partitions of a 310-column row took 3x a 256 KiB workspace cap).
 
         ``mc`` and ``nc`` are rounded up to whole register tiles (the packing routines pad the
         last tile with zeros). ``kc`` is the step of the ``pc`` loop: the reduction length cut into
         equal blocks of at most KC (576 = 2 x 288, not 384 + 192), so no block is so short that
         the micro-kernel's load and store of its tile dominates it.
         """
-        mc = min(self.MC, _round_up(problem.gemm_m, self.MR))
+        m_tiles = -(-problem.gemm_m // self.MR)
+        n_tiles = -(-max(problem.gemm_n, 1) // self.NR)
+        mc = min(self.MC, -(-m_tiles // m_parts) * self.MR)
         blocks = -(-problem.gemm_k // self.KC)
         kc = -(-problem.gemm_k // blocks)
-        nc = min(self.NC, _round_up(max(problem.gemm_n, 1), self.NR))
+        nc = min(self.NC, -(-n_tiles // n_parts) * self.NR)
         return mc, kc, nc
 
-    def workspace_bytes(self, problem, threads: int) -> int:
+    def workspace_bytes(self, problem, threads: int, m_parts: int = 1, n_parts: int = 1) -> int:
         """Bytes of the packed panels for ``problem``: O(MC*KC + KC*NC), whatever N, H, W are.
 
         Every thread owns an ``Ac`` (mc x kc), a ``Bc`` (kc x nc, plus :data:`VECTOR_SLACK_BYTES`),
         an MR x NR edge tile and two int64 tables for the packing of B, kc x 7 (taps) and NR x 4
-        (pixel runs); see :mod:`convlib.cpu.blis` for why the threads share nothing.
+        (pixel runs); see :mod:`convlib.cpu.blis` for why the threads share nothing. ``mc`` and
+        ``nc`` are one thread's share of an ``m_parts x n_parts`` grid (:meth:`panel_sizes`).
         """
-        mc, kc, nc = self.panel_sizes(problem)
+        mc, kc, nc = self.panel_sizes(problem, m_parts, n_parts)
         per_thread = (mc * kc + kc * nc + self.MR * self.NR) * problem.itemsize
         per_thread += VECTOR_SLACK_BYTES + (kc * 7 + self.NR * 4) * 8
         return threads * per_thread
