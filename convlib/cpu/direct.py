@@ -185,7 +185,7 @@ def choose_blocking(problem) -> DirectBlocking:
     best, best_cost = None, None
     for b in candidates:
         if b.along == "channels":
-            if problem.Q >= narrowest and best is not None:
+            if problem.Q >= narrowest and best is not None:  # (a table of them alone still chooses)
                 continue
             positions = problem.P * problem.Q
         else:
@@ -251,7 +251,8 @@ def schedule(problem, block: DirectBlocking, threads: int | None = None) -> Sche
     rowwise = _rowwise(problem, planes, block)
     # The fewest rows a band may have: in place, a wide band must hold a whole block (the last
     # block is shifted back inside the band, never before it).
-    min_rows = 1 if rowwise or planes.source == "per item" or block.along == "channels" else max(1, -(-(block.QB - problem.Q) // planes.Ws) + 1)
+    wraps_inside_band = not rowwise and planes.source != "per item" and block.along == "positions"
+    min_rows = max(1, -(-(block.QB - problem.Q) // planes.Ws) + 1) if wraps_inside_band else 1
     max_bands = max(1, P // min_rows)
     row_bytes = problem.C_per_group * planes.planes_per_channel * planes.Ws * problem.itemsize
     budget = KNOBS.direct_l2_input_budget
@@ -348,9 +349,10 @@ def gather_rows(x_flat, C, H, W, n, c_first, Cg, p_lo, rows_in, phases_h, phases
                     # whole vectors. (Zeroing only the padding took three loops of their own,
                     # each vectorised, unrolled and versioned by LLVM: the gather of the digits
                     # CNN's small planes came out 2-3x slower.)
-                    if row < 0 or row >= H or j_hi == j_lo or j_lo > 0 or j_hi < Ws:
+                    outside = row < 0 or row >= H or j_hi == j_lo
+                    if outside or j_lo > 0 or j_hi < Ws:
                         zero_row(buf, dst, Ws)
-                    if row < 0 or row >= H or j_hi == j_lo:
+                    if outside:
                         continue
                     # Unsigned flat indices from the first copied element on: no negative-index checks.
                     out = np.uint64(dst + j_lo)
@@ -365,6 +367,33 @@ def gather_rows(x_flat, C, H, W, n, c_first, Cg, p_lo, rows_in, phases_h, phases
                         step = np.uint64(stride_w)
                         for j in range(count):
                             buf[out + j] = x_flat[src + step * j]
+
+
+@njit(inline="always")
+def work_item(item, images, bands, k_ranges, N, P):
+    """``(g, kr, n0, n1, p_lo, rows)`` of work item ``item`` (the kernels' :class:`Schedule`):
+    its group, K range, images ``n0 .. n1`` and band of ``rows`` output rows from ``p_lo``."""
+    item_images = (N + images - 1) // images
+    band = item % bands
+    rest = item // bands
+    chunk = rest % item_images
+    rest //= item_images
+    n0 = chunk * images
+    p_lo = band * P // bands
+    return rest // k_ranges, rest % k_ranges, n0, min(N, n0 + images), p_lo, (band + 1) * P // bands - p_lo
+
+
+@njit(inline="always")
+def item_source(source, x_flat, C, H, W, g, Cg, n0, n1, p_lo, rows_in, phases_h, phases_w, stride_h, stride_w,
+                top, left, Hb, Ws, buf, buffer_image):
+    """Where a work item's taps read: ``source`` (``x`` or its whole planes) when ``buf`` is
+    empty, else ``buf`` after :func:`gather_rows` of the item's images and rows into it."""
+    if buf.size == 0:
+        return source
+    for n in range(n0, n1):
+        gather_rows(x_flat, C, H, W, n, g * Cg, Cg, p_lo, rows_in, phases_h, phases_w, stride_h, stride_w, top,
+                    left, Hb, Ws, buf, (n - n0) * buffer_image)
+    return buf
 
 
 @njit(parallel=True, cache=True)
@@ -522,25 +551,11 @@ def direct_kernel(dtype: str, KB: int, QB: int, vector_bytes: int | None = None)
                 item = fetch_and_increment(next_item)
                 if item >= items:
                     break
-                band = item % bands
-                rest = item // bands
-                chunk = rest % item_images
-                rest //= item_images
-                kr = rest % k_ranges
-                g = rest // k_ranges
-                n0 = chunk * images
-                n1 = min(N, n0 + images)
-                p_lo = band * P // bands
-                rows = (band + 1) * P // bands - p_lo
+                g, kr, n0, n1, p_lo, rows = work_item(item, images, bands, k_ranges, N, P)
                 if rows == 0:
                     continue  # more bands than rows
-                if gather:
-                    for n in range(n0, n1):
-                        gather_rows(x_flat, C, H, W, n, g * Cg, Cg, p_lo, rows + halo, phases_h, phases_w, stride_h,
-                                    stride_w, top, left, Hb, Ws, buf, (n - n0) * buffer_image)
-                    src = buf
-                else:
-                    src = source
+                src = item_source(source, x_flat, C, H, W, g, Cg, n0, n1, p_lo, rows + halo, phases_h, phases_w,
+                                  stride_h, stride_w, top, left, Hb, Ws, buf, buffer_image)
                 wide_length = (rows - 1) * Ws + Q
                 nqb = (wide_length + QB - 1) // QB
                 for kb in range(kr * kb_per_range, min(nkb, (kr + 1) * kb_per_range)):
@@ -681,25 +696,11 @@ def direct_channels_kernel(dtype: str, KB: int, PB: int, vector_bytes: int | Non
                 item = fetch_and_increment(next_item)
                 if item >= items:
                     break
-                band = item % bands
-                rest = item // bands
-                chunk = rest % item_images
-                rest //= item_images
-                kr = rest % k_ranges
-                g = rest // k_ranges
-                n0 = chunk * images
-                n1 = min(N, n0 + images)
-                p_lo = band * P // bands
-                rows = (band + 1) * P // bands - p_lo
-                if rows == 0 or n1 <= n0:
+                g, kr, n0, n1, p_lo, rows = work_item(item, images, bands, k_ranges, N, P)
+                if rows == 0:
                     continue  # more bands than rows
-                if gather:
-                    for n in range(n0, n1):
-                        gather_rows(x_flat, C, H, W, n, g * Cg, Cg, p_lo, rows + halo, phases_h, phases_w, stride_h,
-                                    stride_w, top, left, Hb, Ws, buf, (n - n0) * buffer_image)
-                    src = buf
-                else:
-                    src = source
+                src = item_source(source, x_flat, C, H, W, g, Cg, n0, n1, p_lo, rows + halo, phases_h, phases_w,
+                                  stride_h, stride_w, top, left, Hb, Ws, buf, buffer_image)
                 image_positions = rows * Q
                 count = (n1 - n0) * image_positions
                 for kb in range(kr * kb_per_range, min(nkb, (kr + 1) * kb_per_range)):

@@ -102,10 +102,6 @@ class BlisBlocking:
 VECTOR_SLACK_BYTES = 32
 
 
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
-
-
 @dataclass(frozen=True)
 class DirectBlocking:
     """One register block of the direct kernel.
