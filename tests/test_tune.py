@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
 import sys
+import tempfile
 import warnings
 
 import numpy as np
@@ -271,19 +273,34 @@ def test_tune_writes_a_profile_that_the_next_process_uses(profile_env):
 
 
 def test_precompile_workers_run_every_stage_and_report_failures():
-    """The workers run every stage's first calls (one group each) and exit cleanly; a worker that
-    fails is reported with its last line, not raised."""
+    """The workers take the units one at a time and exit cleanly; a unit that fails is reported with
+    its error, not raised, and the other units still run."""
     seconds, workers, errors = precompile.precompile(TINY, full=False, workers=2)
     assert workers == 2 and errors == [] and seconds > 0
-    stages = [stage for group in precompile.WORKER_STAGES for stage in group]
-    assert {s.partition(":")[0] for s in stages} == {"blis", "direct", "winograd", "depthwise", "auto"}
-    # The auto stage's halves cover its shapes once.
-    halves = [precompile._auto_part(TINY["auto"], s.partition(":")[2]) for s in stages if s.startswith("auto:")]
-    assert sorted(map(tuple, halves[0] + halves[1])) == sorted(TINY["auto"])
+    units = precompile.work_units(TINY)
+    assert {u.partition(":")[0] for u in units} == {"blis", "direct", "winograd", "depthwise", "auto"}
+    assert len(set(units)) == len(units)
+    # The auto units cover its shapes once.
+    parts = [precompile._auto_part(TINY["auto"], u.partition(":")[2]) for u in units if u.startswith("auto:")]
+    assert sorted(tuple(s) for part in parts for s in part) == sorted(TINY["auto"])
     broken = {name: (("not a shape",),) for name in TINY}
     _, _, errors = precompile.precompile(broken, full=False, workers=2)
-    assert len(errors) == 2 and all("ValueError" in error for error in errors)
+    # Every stage fails on its own; auto:resnet has no shape here and runs nothing.
+    failed = {error.partition(":")[0] for error in errors}
+    assert failed == {"blis", "winograd", "direct", "depthwise", "auto"}, errors
+    assert len(errors) == 5 and all(("ValueError" in error or "IndexError" in error) for error in errors), errors
     assert precompile.precompile(TINY, full=False, workers=1) == (0.0, 0, [])
+
+
+def test_a_worker_that_dies_is_reported_with_its_last_line():
+    units = queue.SimpleQueue()
+    units.put("blis")
+    errors = []
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stderr.write('no compiler\\n'); sys.exit(3)"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
+        precompile._feed(proc, log, "{}", units, errors)
+    assert errors == ["no compiler"] and proc.returncode == 3
 
 
 def test_depthwise_search_picks_among_its_candidates_and_stays_correct(profile_env, rng):

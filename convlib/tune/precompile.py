@@ -5,24 +5,29 @@ A first run on a machine spends most of its time in numba compiling kernels, one
 drivers, register blocks and filter sizes the stages try), while the other cores wait. The
 kernels are cached on disk (``cache=True``), and a process that looks for a specialisation reads
 the cache's index at that moment, so other processes can fill the cache for the tuning process:
-each runs some stages with :class:`FirstCalls`, a measurer that calls every variant once and times
+each runs stages with :class:`FirstCalls`, a measurer that calls every variant once and times
 nothing, which compiles exactly what the stage's real run will call. The tuning process then loads
 the kernels instead of compiling them (the variants that a stage's *choice* brings into later
 stages, e.g. another Winograd tile in the ``auto`` stage, are still compiled there).
 
-Each worker is a fresh interpreter (``python -m convlib.tune.precompile``, its task as JSON on
-stdin), not a fork or spawn of the caller: a script that calls ``convlib.tune()`` without a
-``__main__`` guard is not run again, and no thread pool is copied mid-flight. A worker that fails
-only costs its time: whatever it did not compile, the tuning process compiles itself.
+The work is cut into units (a stage, or one ``auto`` shape: :func:`work_units`) that the workers
+take one at a time as they finish the last, so that the slowest compiler is not left with a fixed
+half. Each worker is a fresh interpreter (``python -m convlib.tune.precompile``: the shape sets as
+a JSON line on stdin, then one unit per line, a line back for each), not a fork or spawn of the
+caller: a script that calls ``convlib.tune()`` without a ``__main__`` guard is not run again, and
+no thread pool is copied mid-flight. A unit that fails only costs its time: whatever it did not
+compile, the tuning process compiles itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from ..cpu.tables import KNOBS
@@ -30,14 +35,20 @@ from ..dispatch.plan import make_plan
 from . import search
 from .search import Measurer
 
-#: The stages each worker runs, in order: what every stage shares (the drivers of blis, direct,
-#: Winograd and depthwise) is compiled early by one worker, so that when the ``auto`` halves run
-#: (the other filter sizes, strides and ways of the same drivers) the shared kernels are already in
-#: the cache; the ``auto`` shapes are split by kind so that no filter size is compiled twice.
-WORKER_STAGES = (
-    ("blis", "direct", "auto:resnet"),
-    ("winograd", "depthwise", "auto:other"),
-)
+#: The units of work, handed out in this order to whichever worker is free: the stages whose
+#: kernels the others share first (the drivers of Winograd, blis, direct and depthwise, the slowest
+#: to compile leading), then ResNet's ``auto`` shapes (the same drivers: found in the cache by
+#: then), then every other ``auto`` shape on its own, the single-channel filters first (each
+#: compiles kernels of its own filter size: 30-45 s apiece on a Zen 3). With two fixed halves
+#: instead, on that Zen 3 one worker finished at 157 s and the other at 291 s.
+LEADING_UNITS = ("winograd", "blis", "direct", "depthwise", "auto:resnet")
+
+
+def work_units(sets: dict) -> list:
+    """The units of :func:`precompile` for the shape ``sets``: :data:`LEADING_UNITS`, then
+    ``"auto:<shape name>"`` for each ``auto`` shape not of ResNet, filters first."""
+    others = [str(s[0]) for s in sets["auto"] if not str(s[0]).startswith("resnet")]
+    return [*LEADING_UNITS, *(f"auto:{name}" for name in sorted(others, key=lambda name: not name.startswith("filter")))]
 
 
 class FirstCalls(Measurer):
@@ -61,14 +72,15 @@ class FirstCalls(Measurer):
 
 
 def _auto_part(shapes, part: str):
-    """The ``auto`` shapes of one worker: ResNet's layers, or every other kind."""
-    resnet = [s for s in shapes if s[0].startswith("resnet")]
-    return resnet if part == "resnet" else [s for s in shapes if not s[0].startswith("resnet")]
+    """The ``auto`` shapes of one unit: ResNet's layers (``"resnet"``) or the shape named ``part``."""
+    if part == "resnet":
+        return [s for s in shapes if str(s[0]).startswith("resnet")]
+    return [s for s in shapes if s[0] == part]
 
 
 def run_stages(stages, sets: dict, full: bool) -> None:
-    """Run ``stages`` (names, ``"auto:<part>"`` for half of the ``auto`` shapes) with
-    :class:`FirstCalls` on the shape ``sets`` of :func:`convlib.tune.tune`."""
+    """Run ``stages`` (names, ``"auto:<part>"`` for some of the ``auto`` shapes: see
+    :func:`_auto_part`) with :class:`FirstCalls` on the shape ``sets`` of :func:`convlib.tune.tune`."""
     KNOBS.apply_profile({})  # the tuner starts from the built-in values too, whatever profile exists
     measurer = FirstCalls()
     runs = dict(search.STAGES)
@@ -77,13 +89,14 @@ def run_stages(stages, sets: dict, full: bool) -> None:
         if name not in runs:
             raise ValueError(f"unknown stage {stage!r}")
         stage_sets = {**sets, "auto": _auto_part(sets["auto"], part)} if part else sets
-        if part and not stage_sets["auto"]:  # an empty half of the auto shapes compiles nothing
+        if part and not stage_sets["auto"]:  # an empty part of the auto shapes compiles nothing
             continue
         runs[name](measurer, stage_sets, full)
 
 
 def precompile(sets: dict, full: bool, workers: int | None = None) -> tuple[float, int, list]:
-    """Fill numba's cache with the kernels the stages will call, :data:`WORKER_STAGES` in parallel.
+    """Fill numba's cache with the kernels the stages will call: :func:`work_units` in parallel,
+    each unit to the next worker process that is free.
 
     Parameters
     ----------
@@ -92,15 +105,15 @@ def precompile(sets: dict, full: bool, workers: int | None = None) -> tuple[floa
     full : bool
         The full mode's candidates.
     workers : int, optional
-        Processes at once (default: one per group of :data:`WORKER_STAGES`, at most the CPUs
-        this process may run on). With fewer than two nothing is done: the tuning process
-        compiles as it goes, as fast as one worker would.
+        Processes at once (default: one per CPU this process may run on, at most 4). With fewer
+        than two nothing is done: the tuning process compiles as it goes, as fast as one worker
+        would.
 
     Returns
     -------
     (seconds, workers, errors) : (float, int, list of str)
-        Wall time spent, the processes run (0 when none was), and the last line each failed one
-        wrote to stderr.
+        Wall time spent, the processes run (0 when none was), and one line per unit that failed
+        (or per worker that died).
     """
     from numba import config
 
@@ -109,43 +122,76 @@ def precompile(sets: dict, full: bool, workers: int | None = None) -> tuple[floa
             cpus = len(os.sched_getaffinity(0))
         except AttributeError:  # not on Linux
             cpus = os.cpu_count() or 1
-        workers = min(len(WORKER_STAGES), cpus)
+        workers = min(MAX_WORKERS, cpus)
     if workers < 2 or config.DISABLE_JIT:
         return 0.0, 0, []
-    groups = [list(g) for g in WORKER_STAGES[:workers]]
-    for extra, stages in enumerate(WORKER_STAGES[workers:]):  # fewer workers: fold the rest in
-        groups[extra % workers].extend(stages)
     started = time.perf_counter()
-    procs = []
-    for stages in groups:
-        task = json.dumps({"stages": stages, "sets": {k: [list(s) for s in v] for k, v in sets.items()},
-                           "full": full})
-        log = tempfile.TemporaryFile()
-        proc = subprocess.Popen([sys.executable, "-m", "convlib.tune.precompile"], stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, stderr=log)
-        proc.stdin.write(task.encode())
-        proc.stdin.close()
-        procs.append((proc, log))
+    units = queue.SimpleQueue()
+    for unit in work_units(sets):
+        units.put(unit)
+    header = json.dumps({"sets": {k: [list(s) for s in v] for k, v in sets.items()}, "full": full})
     errors = []
+    logs = [tempfile.TemporaryFile() for _ in range(workers)]
+    procs = [subprocess.Popen([sys.executable, "-m", "convlib.tune.precompile"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1) for log in logs]
+    threads = [threading.Thread(target=_feed, args=(proc, log, header, units, errors), daemon=True)
+               for proc, log in zip(procs, logs)]
     try:
-        for proc, log in procs:
-            if proc.wait() != 0:
-                log.seek(0)
-                lines = log.read().decode(errors="replace").strip().splitlines()
-                errors.append(lines[-1] if lines else f"exit status {proc.returncode}")
-            log.close()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     finally:
-        for proc, _ in procs:  # interrupted: leave no compiler running
+        for proc, log in zip(procs, logs):  # interrupted: leave no compiler running
             if proc.poll() is None:
                 proc.kill()
-                proc.wait()
+            proc.wait()
+            log.close()
     return time.perf_counter() - started, workers, errors
 
 
+#: Worker processes at most: each compiles with one core, and the units are few.
+MAX_WORKERS = 4
+
+
+def _feed(proc, log, header: str, units, errors: list) -> None:
+    """Hand ``proc`` the next unit each time it reports the last one done, until none is left;
+    append a line to ``errors`` for each unit it reports failed, or the last line of its ``log``
+    (its stderr) if it dies."""
+    try:
+        proc.stdin.write(header + "\n")
+        while True:
+            try:
+                unit = units.get_nowait()
+            except queue.Empty:
+                break
+            proc.stdin.write(unit + "\n")
+            reply = proc.stdout.readline()
+            if not reply:
+                raise BrokenPipeError
+            if reply.startswith("error"):
+                errors.append(f"{unit}: {reply[len('error '):].strip()}")
+        proc.stdin.close()
+        proc.wait()
+    except (BrokenPipeError, OSError):
+        proc.wait()
+        log.seek(0)
+        lines = log.read().decode(errors="replace").strip().splitlines()
+        errors.append(lines[-1] if lines else f"exit status {proc.returncode}")
+
+
 def main() -> int:
-    task = json.load(sys.stdin)
+    """A worker: the shape sets as a JSON line, then one unit per line; a line back for each."""
+    replies, sys.stdout = sys.stdout, sys.stderr  # whatever a stage prints stays out of the replies
+    task = json.loads(sys.stdin.readline())
     sets = {k: tuple(tuple(s) for s in v) for k, v in task["sets"].items()}
-    run_stages(task["stages"], sets, task["full"])
+    for line in sys.stdin:
+        try:
+            run_stages([line.strip()], sets, task["full"])
+        except Exception as exc:  # noqa: BLE001 -- reported to the tuning process, which goes on
+            print("error " + f"{type(exc).__name__}: {exc}".replace("\n", " "), file=replies, flush=True)
+        else:
+            print("ok", file=replies, flush=True)
     return 0
 
 
