@@ -44,10 +44,19 @@ from .search import Measurer
 LEADING_UNITS = ("winograd", "blis", "direct", "depthwise", "auto:resnet")
 
 
+#: Worker processes at most: each compiles with one core, and the units are few.
+MAX_WORKERS = 4
+
+
+def _is_resnet(shape) -> bool:
+    """Whether an ``auto`` shape is one of ResNet's (they make up the one unit ``"auto:resnet"``)."""
+    return shape[0].startswith("resnet")
+
+
 def work_units(sets: dict) -> list:
     """The units of :func:`precompile` for the shape ``sets``: :data:`LEADING_UNITS`, then
     ``"auto:<shape name>"`` for each ``auto`` shape not of ResNet, filters first."""
-    others = [str(s[0]) for s in sets["auto"] if not str(s[0]).startswith("resnet")]
+    others = [s[0] for s in sets["auto"] if not _is_resnet(s)]
     return [*LEADING_UNITS, *(f"auto:{name}" for name in sorted(others, key=lambda name: not name.startswith("filter")))]
 
 
@@ -74,7 +83,7 @@ class FirstCalls(Measurer):
 def _auto_part(shapes, part: str):
     """The ``auto`` shapes of one unit: ResNet's layers (``"resnet"``) or the shape named ``part``."""
     if part == "resnet":
-        return [s for s in shapes if str(s[0]).startswith("resnet")]
+        return [s for s in shapes if _is_resnet(s)]
     return [s for s in shapes if s[0] == part]
 
 
@@ -148,10 +157,6 @@ def precompile(sets: dict, full: bool, workers: int | None = None) -> tuple[floa
             proc.wait()
             log.close()
     return time.perf_counter() - started, workers, errors
-
-
-#: Worker processes at most: each compiles with one core, and the units are few.
-MAX_WORKERS = 4
 
 
 def _feed(proc, log, header: str, units, errors: list) -> None:
