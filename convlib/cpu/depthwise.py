@@ -73,9 +73,11 @@ import functools
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
+from numba.np import numpy_support
 
 from ..core import output_cache
 from ..core.problem import ConvProblem
+from .compiled_once import CompiledOnce, call_body, declare, share, unpack
 from .intrinsics import (deinterleave_vector, store_fence, transpose_block, vector_copy, vector_fma,
                          vector_fma_lanes, vector_lanes, vector_stream_plus)
 from .isa import simd_bytes
@@ -277,9 +279,153 @@ def depthwise_kernel(R: int, S: int, dtype: str, vector_bytes: int | None = None
     half = V2 * L
     zero = scalar(0)
 
+    # What the launcher hands each thread's body (compiled once: see compiled_once), and its types.
+    values, ints = types.Array(numpy_support.from_dtype(np.dtype(dtype)), 1, "C"), types.Array(types.int64, 1, "C")
+    i64, flag = types.int64, types.boolean
+    ARGUMENTS = declare(types.Tuple((
+        values, types.Array(values.dtype, 4, "C"), values, values,  # xf, w, bias, yf
+        ints, types.Array(flag, 1, "C"), ints,                      # start, used, taken
+        i64, i64, i64, i64, i64, flag, i64,                         # stride_h, stride_w, top, left, rows, stream, y_misalign
+        i64, i64, i64, i64, i64, i64, i64,                          # H, W, C, K, P, Q, multiplier
+        i64, i64, i64, i64, i64, i64, i64,                          # nph, npw, extra, Ws, plane_size, bands, items
+        flag, flag, flag, i64, i64)))                               # pair_columns, rows_direct, pair_rows, shift, parts
+
+    def thread_body(arguments, thread):
+        (xf, w, bias, yf, start, used, taken, stride_h, stride_w, top, left, rows, stream, y_misalign,
+         H, W, C, K, P, Q, multiplier, nph, npw, extra, Ws, plane_size, bands, items,
+         pair_columns, rows_direct, pair_rows, shift, parts) = unpack(arguments, ARGUMENTS)
+        buf = np.zeros(nph * npw * plane_size + block, scalar)  # + block: the last block's overhang
+        wide = np.empty(rows * Ws + block, scalar)
+        # The taps' weights and offsets on the stack, where LLVM knows they alias nothing.
+        wt = stack_array_1d(taps, scalar)
+        off = stack_array_1d(taps, np.int64)
+        acc = stack_array_1d(block, scalar)
+        start_acc = stack_array_1d(L, scalar)
+        for t in range(taps):
+            off[t] = start[t]
+        lo, hi = next_range(taken, items, parts)
+        while lo < hi:
+            for item in range(lo, hi):
+                band = item % bands
+                plane = item // bands
+                n = plane // K
+                k = plane - n * K
+                c = k // multiplier
+                p0 = band * rows
+                pb = min(rows, P - p0)
+                for t in range(taps):
+                    wt[t] = w[k, 0, t // S, t % S]
+                # Gather the band's phase planes: row i of phase (a, b) is padded input row
+                # (p0 + i)*sh + a, its column j padded input column j*sw + b (zero outside x).
+                src_plane = uintp((n * C + c) * H * W)
+                if pair_columns:
+                    _deinterleave_pairs(xf, src_plane, H, W, top, left, p0, pb + extra, stride_h, nph, Ws,
+                                        plane_size, buf)
+                for a in range(nph):
+                    for b in range(npw):
+                        if pair_columns or not used[a * npw + b]:
+                            continue
+                        base = (a * npw + b) * plane_size
+                        j_lo = min(Ws, max(0, (left - b + stride_w - 1) // stride_w))
+                        j_hi = max(j_lo, min(Ws, (W + left - b + stride_w - 1) // stride_w))
+                        for i in range(pb + extra):
+                            dst = uintp(base + i * Ws)
+                            h = (p0 + i) * stride_h + a - top
+                            if h < 0 or h >= H:
+                                for j in range(uintp(Ws)):
+                                    buf[dst + j] = 0
+                                continue
+                            for j in range(uintp(j_lo)):
+                                buf[dst + j] = 0
+                            src = src_plane + uintp(h * W + j_lo * stride_w + b - left)
+                            out = dst + uintp(j_lo)
+                            if stride_w == 1:
+                                for j in range(uintp(j_hi - j_lo)):
+                                    buf[out + j] = xf[src + j]
+                            else:
+                                step = uintp(stride_w)
+                                for j in range(uintp(j_hi - j_lo)):
+                                    buf[out + j] = xf[src + j * step]
+                            for j in range(uintp(j_hi), uintp(Ws)):
+                                buf[dst + j] = 0
+                # Every tap a shifted run of the buffer: the band's wide rows in one pass.
+                length = (pb - 1) * Ws + Q
+                for jj in range(L):
+                    start_acc[jj] = bias[k]
+                # Rows of at least a block go straight into y, a run per output row (the last block
+                # of a row moved back to end at Q: its overlap is computed twice, identically);
+                # shorter ones as one run along the band's wide rows, then copied.
+                # Where the row stride is dr whole dilated filter rows, rows go in pairs: tap (r, s)
+                # of row p + 1 reads the vector of tap (r + dr, s) of row p, loaded once for both (an
+                # unaligned vector load per FMA bound the single rows' 5x5 and 7x7 filters; at stride 2
+                # a 7x7 filter shares 5 of its 7 rows: 8192^2/2 0.90x the time on Zen 5).
+                pairs = pb // 2 if pair_rows else 0
+                for pair in range(pairs):
+                    begin = 2 * pair * Ws
+                    dst = uintp(((n * K + k) * P + p0 + 2 * pair) * Q)
+                    for j in range(0, Q, half):
+                        j0 = min(j, Q - half)
+                        for v in range(V2):
+                            vector_copy(acc, v * L, start_acc, 0, L)
+                            vector_copy(acc, (V2 + v) * L, start_acc, 0, L)
+                        for t in range(shift):  # filter rows 0 .. dr-1: row p only
+                            at = uintp(off[t] + begin + j0)
+                            for v in range(V2):
+                                vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
+                        for t in range(shift, taps):
+                            at = uintp(off[t] + begin + j0)
+                            for v in range(V2):
+                                vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
+                                vector_fma(acc, (V2 + v) * L, wt, t - shift, buf, at + uintp(v * L), L)
+                        for t in range(taps - shift, taps):  # filter rows R-dr .. R-1 of row p + 1, one row below
+                            at = uintp(off[t] + Ws + begin + j0)
+                            for v in range(V2):
+                                vector_fma(acc, (V2 + v) * L, wt, t, buf, at + uintp(v * L), L)
+                        if stream and (y_misalign + dst + j0) % L == 0 and Q % L == 0:
+                            for v in range(V2):
+                                vector_stream_plus(yf, dst + uintp(j0 + v * L), acc, v * L, zero, L)
+                                vector_stream_plus(yf, dst + uintp(Q + j0 + v * L), acc, (V2 + v) * L, zero, L)
+                        else:
+                            for v in range(V2):
+                                vector_copy(yf, dst + uintp(j0 + v * L), acc, v * L, L)
+                                vector_copy(yf, dst + uintp(Q + j0 + v * L), acc, (V2 + v) * L, L)
+                for run in range(2 * pairs, pb if rows_direct else 1):
+                    begin = run * Ws if rows_direct else 0
+                    count = Q if rows_direct else length
+                    dst = uintp(((n * K + k) * P + p0 + run) * Q)
+                    for j in range(0, count, block):
+                        j0 = min(j, count - block) if rows_direct else j
+                        # V independent vector accumulators, each tap one broadcast FMA per
+                        # vector: left to LLVM, the sum over taps inside the loop over positions
+                        # stayed scalar or half-vectorised (7x7 filters ran at 5% of the FMA peak).
+                        for v in range(V):
+                            vector_copy(acc, v * L, start_acc, 0, L)
+                        for t in range(taps):
+                            at = uintp(off[t] + begin + j0)
+                            for v in range(V):
+                                vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
+                        if rows_direct and stream and (y_misalign + dst + j0) % L == 0:
+                            for v in range(V):
+                                vector_stream_plus(yf, dst + uintp(j0 + v * L), acc, v * L, zero, L)
+                        elif rows_direct:
+                            for v in range(V):
+                                vector_copy(yf, dst + uintp(j0 + v * L), acc, v * L, L)
+                        else:
+                            for v in range(V):
+                                vector_copy(wide, uintp(j0 + v * L), acc, v * L, L)
+                if not rows_direct:
+                    for p in range(pb):
+                        dst = uintp(((n * K + k) * P + p0 + p) * Q)
+                        src_row = uintp(p * Ws)
+                        for q in range(uintp(Q)):
+                            yf[dst + q] = wide[src_row + q]
+            lo, hi = next_range(taken, items, parts)
+        if stream:
+            store_fence()
+
     @njit(parallel=True, cache=True, fastmath={"contract"})
     def depthwise_conv(x, w, bias, stride_h, stride_w, top, left, dil_h, dil_w, rows, stream, y_misalign,
-                       threads, y):
+                       threads, y, body):
         N, C, H, W = x.shape
         K = w.shape[0]
         P, Q = y.shape[2], y.shape[3]
@@ -314,137 +460,14 @@ def depthwise_kernel(R: int, S: int, dtype: str, vector_bytes: int | None = None
         # Flat views made once: a view of x or y made inside the loops would touch their shared
         # reference counts, atomically, from every thread.
         xf, yf = x.reshape(-1), y.reshape(-1)
-        for _ in prange(threads):
-            buf = np.zeros(nph * npw * plane_size + block, x.dtype)  # + block: the last block's overhang
-            wide = np.empty(rows * Ws + block, y.dtype)
-            # The taps' weights and offsets on the stack, where LLVM knows they alias nothing.
-            wt = stack_array_1d(taps, scalar)
-            off = stack_array_1d(taps, np.int64)
-            acc = stack_array_1d(block, scalar)
-            start_acc = stack_array_1d(L, scalar)
-            for t in range(taps):
-                off[t] = start[t]
-            lo, hi = next_range(taken, items, parts)
-            while lo < hi:
-                for item in range(lo, hi):
-                    band = item % bands
-                    plane = item // bands
-                    n = plane // K
-                    k = plane - n * K
-                    c = k // multiplier
-                    p0 = band * rows
-                    pb = min(rows, P - p0)
-                    for t in range(taps):
-                        wt[t] = w[k, 0, t // S, t % S]
-                    # Gather the band's phase planes: row i of phase (a, b) is padded input row
-                    # (p0 + i)*sh + a, its column j padded input column j*sw + b (zero outside x).
-                    src_plane = uintp((n * C + c) * H * W)
-                    if pair_columns:
-                        _deinterleave_pairs(xf, src_plane, H, W, top, left, p0, pb + extra, stride_h, nph, Ws,
-                                            plane_size, buf)
-                    for a in range(nph):
-                        for b in range(npw):
-                            if pair_columns or not used[a * npw + b]:
-                                continue
-                            base = (a * npw + b) * plane_size
-                            j_lo = min(Ws, max(0, (left - b + stride_w - 1) // stride_w))
-                            j_hi = max(j_lo, min(Ws, (W + left - b + stride_w - 1) // stride_w))
-                            for i in range(pb + extra):
-                                dst = uintp(base + i * Ws)
-                                h = (p0 + i) * stride_h + a - top
-                                if h < 0 or h >= H:
-                                    for j in range(uintp(Ws)):
-                                        buf[dst + j] = 0
-                                    continue
-                                for j in range(uintp(j_lo)):
-                                    buf[dst + j] = 0
-                                src = src_plane + uintp(h * W + j_lo * stride_w + b - left)
-                                out = dst + uintp(j_lo)
-                                if stride_w == 1:
-                                    for j in range(uintp(j_hi - j_lo)):
-                                        buf[out + j] = xf[src + j]
-                                else:
-                                    step = uintp(stride_w)
-                                    for j in range(uintp(j_hi - j_lo)):
-                                        buf[out + j] = xf[src + j * step]
-                                for j in range(uintp(j_hi), uintp(Ws)):
-                                    buf[dst + j] = 0
-                    # Every tap a shifted run of the buffer: the band's wide rows in one pass.
-                    length = (pb - 1) * Ws + Q
-                    for jj in range(L):
-                        start_acc[jj] = bias[k]
-                    # Rows of at least a block go straight into y, a run per output row (the last block
-                    # of a row moved back to end at Q: its overlap is computed twice, identically);
-                    # shorter ones as one run along the band's wide rows, then copied.
-                    # Where the row stride is dr whole dilated filter rows, rows go in pairs: tap (r, s)
-                    # of row p + 1 reads the vector of tap (r + dr, s) of row p, loaded once for both (an
-                    # unaligned vector load per FMA bound the single rows' 5x5 and 7x7 filters; at stride 2
-                    # a 7x7 filter shares 5 of its 7 rows: 8192^2/2 0.90x the time on Zen 5).
-                    pairs = pb // 2 if pair_rows else 0
-                    for pair in range(pairs):
-                        begin = 2 * pair * Ws
-                        dst = uintp(((n * K + k) * P + p0 + 2 * pair) * Q)
-                        for j in range(0, Q, half):
-                            j0 = min(j, Q - half)
-                            for v in range(V2):
-                                vector_copy(acc, v * L, start_acc, 0, L)
-                                vector_copy(acc, (V2 + v) * L, start_acc, 0, L)
-                            for t in range(shift):  # filter rows 0 .. dr-1: row p only
-                                at = uintp(off[t] + begin + j0)
-                                for v in range(V2):
-                                    vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
-                            for t in range(shift, taps):
-                                at = uintp(off[t] + begin + j0)
-                                for v in range(V2):
-                                    vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
-                                    vector_fma(acc, (V2 + v) * L, wt, t - shift, buf, at + uintp(v * L), L)
-                            for t in range(taps - shift, taps):  # filter rows R-dr .. R-1 of row p + 1, one row below
-                                at = uintp(off[t] + Ws + begin + j0)
-                                for v in range(V2):
-                                    vector_fma(acc, (V2 + v) * L, wt, t, buf, at + uintp(v * L), L)
-                            if stream and (y_misalign + dst + j0) % L == 0 and Q % L == 0:
-                                for v in range(V2):
-                                    vector_stream_plus(yf, dst + uintp(j0 + v * L), acc, v * L, zero, L)
-                                    vector_stream_plus(yf, dst + uintp(Q + j0 + v * L), acc, (V2 + v) * L, zero, L)
-                            else:
-                                for v in range(V2):
-                                    vector_copy(yf, dst + uintp(j0 + v * L), acc, v * L, L)
-                                    vector_copy(yf, dst + uintp(Q + j0 + v * L), acc, (V2 + v) * L, L)
-                    for run in range(2 * pairs, pb if rows_direct else 1):
-                        begin = run * Ws if rows_direct else 0
-                        count = Q if rows_direct else length
-                        dst = uintp(((n * K + k) * P + p0 + run) * Q)
-                        for j in range(0, count, block):
-                            j0 = min(j, count - block) if rows_direct else j
-                            # V independent vector accumulators, each tap one broadcast FMA per
-                            # vector: left to LLVM, the sum over taps inside the loop over positions
-                            # stayed scalar or half-vectorised (7x7 filters ran at 5% of the FMA peak).
-                            for v in range(V):
-                                vector_copy(acc, v * L, start_acc, 0, L)
-                            for t in range(taps):
-                                at = uintp(off[t] + begin + j0)
-                                for v in range(V):
-                                    vector_fma(acc, v * L, wt, t, buf, at + uintp(v * L), L)
-                            if rows_direct and stream and (y_misalign + dst + j0) % L == 0:
-                                for v in range(V):
-                                    vector_stream_plus(yf, dst + uintp(j0 + v * L), acc, v * L, zero, L)
-                            elif rows_direct:
-                                for v in range(V):
-                                    vector_copy(yf, dst + uintp(j0 + v * L), acc, v * L, L)
-                            else:
-                                for v in range(V):
-                                    vector_copy(wide, uintp(j0 + v * L), acc, v * L, L)
-                    if not rows_direct:
-                        for p in range(pb):
-                            dst = uintp(((n * K + k) * P + p0 + p) * Q)
-                            src_row = uintp(p * Ws)
-                            for q in range(uintp(Q)):
-                                yf[dst + q] = wide[src_row + q]
-                lo, hi = next_range(taken, items, parts)
-            if stream:
-                store_fence()
+        arguments = (xf, w, bias, yf, start, used, taken, stride_h, stride_w, top, left, rows, stream, y_misalign,
+                     H, W, C, K, P, Q, multiplier, nph, npw, extra, Ws, plane_size, bands, items,
+                     pair_columns, rows_direct, pair_rows, shift, parts)
+        shared = share(arguments, ARGUMENTS)
+        for t in prange(threads):
+            call_body(body, shared, t)
 
-    return depthwise_conv
+    return CompiledOnce(depthwise_conv, thread_body, fastmath={"contract"})
 
 
 @njit(inline="always")

@@ -1,0 +1,72 @@
+"""The compiled-once mechanism of the parallel CPU kernels (convlib.cpu.compiled_once): a body
+called by address computes what its prange body would, a tuple of the wrong type is refused when
+the launcher compiles, and the declared type's pickle (numba's cache key) is the same in every
+process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from numba import njit, prange, types
+from numba.core.errors import TypingError
+
+from convlib.cpu.compiled_once import CompiledOnce, call_body, declare, share, unpack
+
+
+def _scaled_rows_kernel(declared_type):
+    """y[i, :] = a * x[i, :] + i, one prange iteration per row, the body compiled once."""
+    ARGUMENTS = declare(declared_type)
+
+    def row_body(arguments, i):
+        x, y, a = unpack(arguments, ARGUMENTS)
+        for j in range(x.shape[1]):
+            y[i, j] = a * x[i, j] + i
+
+    @njit(parallel=True)
+    def launcher(x, y, a, body):
+        shared = share((x, y, a), ARGUMENTS)
+        for i in prange(x.shape[0]):
+            call_body(body, shared, i)
+
+    return CompiledOnce(launcher, row_body)
+
+
+MATRIX = types.Array(types.float64, 2, "C")
+
+
+def test_body_computes_what_the_loop_does():
+    kernel = _scaled_rows_kernel(types.Tuple((MATRIX, MATRIX, types.float64)))
+    assert kernel.signatures == []  # nothing compiled until the first call
+    x = np.arange(35.0).reshape(7, 5)
+    y = np.full_like(x, np.nan)
+    kernel(x, y, 2.5, )
+    np.testing.assert_array_equal(y, 2.5 * x + np.arange(7.0)[:, None])
+    assert kernel.signatures == [(types.voidptr, types.int64)]
+    assert "ret" in kernel.inspect_asm(kernel.signatures[0])
+
+
+def test_a_tuple_of_another_type_is_refused():
+    kernel = _scaled_rows_kernel(types.Tuple((MATRIX, MATRIX, types.float32)))
+    x = np.ones((3, 2))
+    with pytest.raises(TypingError, match="not the declared"):
+        kernel(x, np.empty_like(x), 1.0)
+
+
+def test_declared_type_pickles_the_same_whatever_types_came_before():
+    # numba's disk-cache key hashes the pickled closure: a numba type's own pickle holds a
+    # per-process counter, which made the tuner's process miss what its workers had cached.
+    script = (
+        "import sys, hashlib\n"
+        "from numba import types\n"
+        "from numba.core.serialize import dumps\n"
+        "from convlib.cpu.compiled_once import declare\n"
+        "[types.Array(types.int8, d, 'F') for d in range(1, int(sys.argv[1]))]\n"
+        "t = types.Tuple((types.Array(types.float32, 1, 'C'), types.int64))\n"
+        "print(hashlib.sha256(dumps((declare(t),))).hexdigest())\n"
+    )
+    digests = {subprocess.run([sys.executable, "-c", script, str(n)], capture_output=True, text=True,
+                              check=True).stdout for n in (1, 4)}
+    assert len(digests) == 1
