@@ -12,44 +12,57 @@ import numpy as np
 import pytest
 from numba import njit, prange, types
 from numba.core.errors import TypingError
+from numba.core.runtime import _nrt_python, rtsys
 
-from convlib.cpu.compiled_once import CompiledOnce, call_body, declare, share, unpack
+from convlib.cpu.compiled_once import CompiledOnce, call_body, declare, release, share
 
 
 def _scaled_rows_kernel(declared_type):
-    """y[i, :] = a * x[i, :] + i, one prange iteration per row, the body compiled once."""
+    """y[i, :] = a * x[i, :] + i, one prange iteration per row, the body compiled once; the
+    launcher makes the row offsets itself (numba frees such an array after its last use in the
+    launcher unless share() keeps it)."""
     ARGUMENTS = declare(declared_type)
 
-    def row_body(arguments, i):
-        x, y, a = unpack(arguments, ARGUMENTS)
+    def row_body(x, y, a, offsets, i):
         for j in range(x.shape[1]):
-            y[i, j] = a * x[i, j] + i
+            y[i, j] = a * x[i, j] + offsets[i]
 
     @njit(parallel=True)
     def launcher(x, y, a, body):
-        shared = share((x, y, a), ARGUMENTS)
+        shared = share((x, y, a, np.arange(x.shape[0]) * 1.0), ARGUMENTS)
         for i in prange(x.shape[0]):
-            call_body(body, shared, i)
+            call_body(body, shared, i, ARGUMENTS)
+        release(shared, ARGUMENTS)
 
-    return CompiledOnce(launcher, row_body)
+    return CompiledOnce(launcher, row_body, ARGUMENTS)
 
 
 MATRIX = types.Array(types.float64, 2, "C")
+VECTOR = types.Array(types.float64, 1, "C")
 
 
 def test_body_computes_what_the_loop_does():
-    kernel = _scaled_rows_kernel(types.Tuple((MATRIX, MATRIX, types.float64)))
+    kernel = _scaled_rows_kernel(types.Tuple((MATRIX, MATRIX, types.float64, VECTOR)))
     assert kernel.signatures == []  # nothing compiled until the first call
     x = np.arange(35.0).reshape(7, 5)
     y = np.full_like(x, np.nan)
-    kernel(x, y, 2.5, )
+    kernel(x, y, 2.5)
+    _nrt_python.memsys_enable_stats()
+    try:
+        before = rtsys.get_allocation_stats()
+        kernel(x, y, 2.5)
+        after = rtsys.get_allocation_stats()
+    finally:
+        _nrt_python.memsys_disable_stats()
+    # What the launcher allocated is freed once, after the bodies: share() and release() balance.
+    assert after.alloc - before.alloc == after.free - before.free > 0
     np.testing.assert_array_equal(y, 2.5 * x + np.arange(7.0)[:, None])
-    assert kernel.signatures == [(types.voidptr, types.int64)]
+    assert kernel.signatures == [(MATRIX, MATRIX, types.float64, VECTOR, types.int64)]
     assert "ret" in kernel.inspect_asm(kernel.signatures[0])
 
 
 def test_a_tuple_of_another_type_is_refused():
-    kernel = _scaled_rows_kernel(types.Tuple((MATRIX, MATRIX, types.float32)))
+    kernel = _scaled_rows_kernel(types.Tuple((MATRIX, MATRIX, types.float32, VECTOR)))
     x = np.ones((3, 2))
     with pytest.raises(TypingError, match="not the declared"):
         kernel(x, np.empty_like(x), 1.0)

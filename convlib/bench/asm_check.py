@@ -104,10 +104,10 @@ def _compiled_kernels(tiles: bool):
         # Many chunks: the batched GEMM; one chunk: the GEMM with the filter transform fused in.
         with KNOBS.override(winograd_register_tile=tile, winograd_chunk_bytes=1):
             convlib.conv2d(x, w, padding=1, algo="winograd")
-        out.append((f"winograd gemm {tile[0]}x{tile[1]}", winograd.batched_gemm_kernel(*tile)))
+        out.append((f"winograd gemm {tile[0]}x{tile[1]}", winograd.batched_gemm_kernel(*tile, "float32")))
         with KNOBS.override(winograd_register_tile=tile):
             convlib.conv2d(x, w, padding=1, algo="winograd")
-        out.append((f"winograd fused {tile[0]}x{tile[1]}", winograd.fused_filter_gemm_kernel(4, *tile)))
+        out.append((f"winograd fused {tile[0]}x{tile[1]}", winograd.fused_filter_gemm_kernel(4, *tile, "float32")))
     for block in direct_blockings("float32")[: None if tiles else 1]:
         with KNOBS.override(direct_blockings=(block,)):
             convlib.conv2d(x, w, padding=1, algo="direct")

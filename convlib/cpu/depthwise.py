@@ -77,7 +77,7 @@ from numba.np import numpy_support
 
 from ..core import output_cache
 from ..core.problem import ConvProblem
-from .compiled_once import CompiledOnce, call_body, declare, share, unpack
+from .compiled_once import CompiledOnce, call_body, declare, release, share
 from .intrinsics import (deinterleave_vector, store_fence, transpose_block, vector_copy, vector_fma,
                          vector_fma_lanes, vector_lanes, vector_stream_plus)
 from .isa import simd_bytes
@@ -290,10 +290,9 @@ def depthwise_kernel(R: int, S: int, dtype: str, vector_bytes: int | None = None
         i64, i64, i64, i64, i64, i64, i64,                          # nph, npw, extra, Ws, plane_size, bands, items
         flag, flag, flag, i64, i64)))                               # pair_columns, rows_direct, pair_rows, shift, parts
 
-    def thread_body(arguments, thread):
-        (xf, w, bias, yf, start, used, taken, stride_h, stride_w, top, left, rows, stream, y_misalign,
-         H, W, C, K, P, Q, multiplier, nph, npw, extra, Ws, plane_size, bands, items,
-         pair_columns, rows_direct, pair_rows, shift, parts) = unpack(arguments, ARGUMENTS)
+    def thread_body(xf, w, bias, yf, start, used, taken, stride_h, stride_w, top, left, rows, stream, y_misalign,
+                    H, W, C, K, P, Q, multiplier, nph, npw, extra, Ws, plane_size, bands, items,
+                    pair_columns, rows_direct, pair_rows, shift, parts, thread):
         buf = np.zeros(nph * npw * plane_size + block, scalar)  # + block: the last block's overhang
         wide = np.empty(rows * Ws + block, scalar)
         # The taps' weights and offsets on the stack, where LLVM knows they alias nothing.
@@ -465,9 +464,10 @@ def depthwise_kernel(R: int, S: int, dtype: str, vector_bytes: int | None = None
                      pair_columns, rows_direct, pair_rows, shift, parts)
         shared = share(arguments, ARGUMENTS)
         for t in prange(threads):
-            call_body(body, shared, t)
+            call_body(body, shared, t, ARGUMENTS)
+        release(shared, ARGUMENTS)
 
-    return CompiledOnce(depthwise_conv, thread_body, fastmath={"contract"})
+    return CompiledOnce(depthwise_conv, thread_body, ARGUMENTS, fastmath={"contract"})
 
 
 @njit(inline="always")

@@ -59,10 +59,12 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit, parallel_chunksize, prange, types
 from numba.extending import overload
+from numba.np import numpy_support
 
 from ..core import output_cache
 from ..core.winograd_math import WinogradTile
 from .codegen import PER_ROW, PER_ROW_VECTOR, PER_VECTOR_ROW, exec_function, render
+from .compiled_once import CompiledOnce, call_body, declare, release, share
 from .exact import repair_nonfinite
 from .intrinsics import vector_copy, vector_fma, vector_zero
 from .micro_kernels import micro_kernel_lanes
@@ -127,91 +129,117 @@ def _gemm_tile_overload(depth, a, a_off, lda, b, b_off, ldb, c, c_off, ldc, rows
 
 
 @functools.lru_cache(maxsize=None)
-def batched_gemm_kernel(MR: int, NR: int):
-    """The batched GEMM ``M[pos, g] = U[pos, g] @ V[pos, g]`` for the register tile ``MR x NR``."""
+def batched_gemm_kernel(MR: int, NR: int, dtype: str):
+    """The batched GEMM ``M[pos, g] = U[pos, g] @ V[pos, g]`` for the register tile ``MR x NR``
+    and ``dtype``::
 
-    @njit(parallel=True, cache=True, fastmath={"contract"})
-    def batched_gemm(U, V, M, Kg):
-        """U : (positions, groups, Kpad, Cg)  IN   Kpad a multiple of MR, zero rows past Kg
-        V : (positions, C, Tpad)             IN   Tpad a multiple of NR
-        M : (positions, K, Tpad)             OUT  rows of group g at g*Kg .. g*Kg + Kg - 1
-        """
+        batched_gemm(U, V, M, Kg)
+
+    U : (positions, groups, Kpad, Cg)  IN   Kpad a multiple of MR, zero rows past Kg
+    V : (positions, C, Tpad)           IN   Tpad a multiple of NR
+    M : (positions, K, Tpad)           OUT  rows of group g at g*Kg .. g*Kg + Kg - 1
+
+    The loop's body is compiled once (:mod:`.compiled_once`).
+    """
+    flat = types.Array(numpy_support.from_dtype(np.dtype(dtype)), 1, "C")
+    i64 = types.int64
+    ARGUMENTS = declare(types.Tuple((flat, flat, flat) + (i64,) * 8))
+
+    def item_body(u_flat, v_flat, m_flat, groups, row_blocks, Kpad, Cg, Tpad, C, K, Kg, item):
+        pg = item // row_blocks
+        kb = item - pg * row_blocks
+        pos = pg // groups
+        g = pg - pos * groups
+        rows = min(MR, Kg - kb * MR)
+        a_off = (pg * Kpad + kb * MR) * Cg
+        b_off = (pos * C + g * Cg) * Tpad
+        c_off = (pos * K + g * Kg + kb * MR) * Tpad
+        for j0 in range(0, Tpad, NR):
+            gemm_tile(Cg, u_flat, a_off, Cg, v_flat, b_off + j0, Tpad, m_flat, c_off + j0, Tpad,
+                      rows, MR, NR)
+
+    @njit(parallel=True, cache=True)
+    def batched_gemm(U, V, M, Kg, body):
         positions, groups, Kpad, Cg = U.shape
         Tpad = V.shape[2]
         row_blocks = Kpad // MR
-        u_flat, v_flat, m_flat = U.ravel(), V.ravel(), M.ravel()
         C, K = V.shape[1], M.shape[1]
+        shared = share((U.ravel(), V.ravel(), M.ravel(), groups, row_blocks, Kpad, Cg, Tpad, C, K, Kg), ARGUMENTS)
         for item in prange(positions * groups * row_blocks):
-            pg = item // row_blocks
-            kb = item - pg * row_blocks
-            pos = pg // groups
-            g = pg - pos * groups
-            rows = min(MR, Kg - kb * MR)
-            a_off = (pg * Kpad + kb * MR) * Cg
-            b_off = (pos * C + g * Cg) * Tpad
-            c_off = (pos * K + g * Kg + kb * MR) * Tpad
-            for j0 in range(0, Tpad, NR):
-                gemm_tile(Cg, u_flat, a_off, Cg, v_flat, b_off + j0, Tpad, m_flat, c_off + j0, Tpad,
-                          rows, MR, NR)
+            call_body(body, shared, item, ARGUMENTS)
+        release(shared, ARGUMENTS)
 
-    return batched_gemm
+    return CompiledOnce(batched_gemm, item_body, ARGUMENTS, fastmath={"contract"})
 
 
 @functools.lru_cache(maxsize=None)
-def fused_filter_gemm_kernel(m: int, MR: int, NR: int):
+def fused_filter_gemm_kernel(m: int, MR: int, NR: int, dtype: str):
     """The filter transform and the batched GEMM in one pass, for calls whose tiles make one
     chunk: each thread transforms a block of filters into its own buffer and multiplies it at
     once, so ``U`` is never written whole (ResNet-50's 7x7x512 layer: 37.7 MB that went to memory
-    and came back)."""
+    and came back)::
+
+        fused_filter_gemm(w, V, M, blocks, block_tiles)
+
+    w : (K, Cg, 3, 3)                                   IN
+    V : (alpha**2, C, Tpad)                             IN   Tpad a multiple of NR
+    M : (alpha**2, K, Tpad)                             OUT
+    blocks : (parts, alpha**2 * block_tiles * MR * Cg)  SCRATCH one part's transformed filters,
+        ``[pos, row, c]``: up to ``block_tiles`` register tiles of rows of one group at a time
+
+    Part ``p`` takes a contiguous range of the groups' ``MR``-row tiles, in blocks. The part's
+    body is compiled once (:mod:`.compiled_once`): as a ``prange`` body each tile took 17-26 s to
+    compile on a Zen 3.
+    """
     alpha = m + 2
+    positions = alpha * alpha
+    flat = types.Array(numpy_support.from_dtype(np.dtype(dtype)), 1, "C")
+    i64 = types.int64
+    ARGUMENTS = declare(types.Tuple((flat, flat, flat, types.Array(flat.dtype, 2, "C")) + (i64,) * 8))
 
-    @njit(parallel=True, cache=True, fastmath={"contract"})
-    def fused_filter_gemm(w, V, M, blocks, block_tiles):
-        """w : (K, Cg, 3, 3)                          IN
-        V : (alpha**2, C, Tpad)                      IN   Tpad a multiple of NR
-        M : (alpha**2, K, Tpad)                      OUT
-        blocks : (parts, alpha**2 * block_tiles * MR * Cg)  SCRATCH one part's transformed filters,
-            ``[pos, row, c]``: up to ``block_tiles`` register tiles of rows of one group at a time
+    def part_body(w_flat, v_flat, m_flat, blocks, C, K, Tpad, Cg, groups, Kg, group_tiles, block_tiles, part):
+        parts = blocks.shape[0]
+        pos_stride = block_tiles * MR * Cg
+        u = blocks[part]
+        rows = np.empty(alpha * 3 * Cg)  # the filter transform's float64 scratch
+        lo, hi = part_range(part, parts, groups * group_tiles)
+        t = lo
+        while t < hi:
+            g = t // group_tiles
+            first = t - g * group_tiles
+            n_tiles = min(block_tiles, hi - t, group_tiles - first)
+            k0 = first * MR
+            nk = min(n_tiles * MR, Kg - k0)
+            for i in range(nk):
+                transform_filter(m, w_flat, (g * Kg + k0 + i) * Cg * 9, Cg, rows, u, i * Cg, pos_stride)
+            for pos in range(positions):  # rows the last tile computes and drops: zeros, not garbage
+                u[pos * pos_stride + nk * Cg: pos * pos_stride + n_tiles * MR * Cg] = 0
+            for pos in range(positions):
+                b_off = (pos * C + g * Cg) * Tpad
+                for tile in range(n_tiles):
+                    r0 = tile * MR
+                    a_off = pos * pos_stride + r0 * Cg
+                    c_off = (pos * K + g * Kg + k0 + r0) * Tpad
+                    stored = min(MR, nk - r0)
+                    for j0 in range(0, Tpad, NR):
+                        gemm_tile(Cg, u, a_off, Cg, v_flat, b_off + j0, Tpad, m_flat, c_off + j0, Tpad,
+                                  stored, MR, NR)
+            t += n_tiles
 
-        Part ``p`` takes a contiguous range of the groups' ``MR``-row tiles, in blocks.
-        """
-        positions = alpha * alpha
+    @njit(parallel=True, cache=True)
+    def fused_filter_gemm(w, V, M, blocks, block_tiles, body):
         C, K, Tpad = V.shape[1], M.shape[1], V.shape[2]
         Cg = w.shape[1]
         groups = C // Cg
         Kg = K // groups
         group_tiles = -(-Kg // MR)
-        parts = blocks.shape[0]
-        w_flat, v_flat, m_flat = w.ravel(), V.ravel(), M.ravel()
-        pos_stride = block_tiles * MR * Cg
-        for part in prange(parts):
-            u = blocks[part]
-            rows = np.empty(alpha * 3 * Cg)  # the filter transform's float64 scratch
-            lo, hi = part_range(part, parts, groups * group_tiles)
-            t = lo
-            while t < hi:
-                g = t // group_tiles
-                first = t - g * group_tiles
-                n_tiles = min(block_tiles, hi - t, group_tiles - first)
-                k0 = first * MR
-                nk = min(n_tiles * MR, Kg - k0)
-                for i in range(nk):
-                    transform_filter(m, w_flat, (g * Kg + k0 + i) * Cg * 9, Cg, rows, u, i * Cg, pos_stride)
-                for pos in range(positions):  # rows the last tile computes and drops: zeros, not garbage
-                    u[pos * pos_stride + nk * Cg: pos * pos_stride + n_tiles * MR * Cg] = 0
-                for pos in range(positions):
-                    b_off = (pos * C + g * Cg) * Tpad
-                    for tile in range(n_tiles):
-                        r0 = tile * MR
-                        a_off = pos * pos_stride + r0 * Cg
-                        c_off = (pos * K + g * Kg + k0 + r0) * Tpad
-                        stored = min(MR, nk - r0)
-                        for j0 in range(0, Tpad, NR):
-                            gemm_tile(Cg, u, a_off, Cg, v_flat, b_off + j0, Tpad, m_flat, c_off + j0, Tpad,
-                                      stored, MR, NR)
-                t += n_tiles
+        shared = share((w.ravel(), V.ravel(), M.ravel(), blocks, C, K, Tpad, Cg, groups, Kg, group_tiles,
+                        block_tiles), ARGUMENTS)
+        for part in prange(blocks.shape[0]):
+            call_body(body, shared, part, ARGUMENTS)
+        release(shared, ARGUMENTS)
 
-    return fused_filter_gemm
+    return CompiledOnce(fused_filter_gemm, part_body, ARGUMENTS, fastmath={"contract"})
 
 
 # -- workspace ----------------------------------------------------------------------------------
@@ -442,17 +470,18 @@ def _launch(algorithm: WinogradAlgorithm, problem, threads: int) -> _Launch:
     block_tiles = algorithm.filter_block_tiles(problem) if fused else 0
     if fused:
         u_shape = (threads, algorithm.filter_block_elements(problem))
-        gemm = fused_filter_gemm_kernel(algorithm.m, MR, NR)
+        gemm = fused_filter_gemm_kernel(algorithm.m, MR, NR, problem.dtype)
     else:
         u_shape = (a2, problem.groups, -(-Kg // MR) * MR, problem.C_per_group)
-        gemm = batched_gemm_kernel(MR, NR)
+        gemm = batched_gemm_kernel(MR, NR, problem.dtype)
     chunks = tuple((row0, nrows, tx0, ncols, -(-nrows * ncols // NR) * NR)
                    for row0, nrows, tx0, ncols in plan.chunks(problem.N))
     return _Launch(
         tiles_h=plan.tiles_h, chunks=chunks, fused=fused, block_tiles=block_tiles, u_shape=u_shape,
         v_elements=a2 * problem.C * plan.padded_tiles, m_elements=a2 * problem.K * plan.padded_tiles,
-        filter_transform=filter_transform_kernel(algorithm.m), input_transform=input_transform_kernel(algorithm.m),
-        gemm=gemm, output_transform=output_transform_kernel(algorithm.m),
+        filter_transform=filter_transform_kernel(algorithm.m, problem.dtype),
+        input_transform=input_transform_kernel(algorithm.m, problem.dtype),
+        gemm=gemm, output_transform=output_transform_kernel(algorithm.m, problem.dtype),
         zero_bias=np.zeros(problem.K, np.dtype(problem.dtype)),
     )
 

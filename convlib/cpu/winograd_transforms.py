@@ -28,6 +28,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 from numba.np import numpy_support
 
+from .compiled_once import CompiledOnce, call_body, declare, release, share
 from .intrinsics import copy_row, deinterleave_run, lanes_per_register, register_lanes
 from .stack_buffer import stack_array_1d, stack_array_2d
 from .tables import KNOBS
@@ -356,35 +357,47 @@ def _transform_filter_overload(m, w_flat, src, Cg, rows, u_flat, u_off, pos_stri
 
 
 @functools.lru_cache(maxsize=None)
-def filter_transform_kernel(m: int):
-    """The filter transform of F(m x m, 3 x 3) (``m`` is compiled in)."""
+def filter_transform_kernel(m: int, dtype: str):
+    """The filter transform of F(m x m, 3 x 3) for ``dtype`` (``m`` is compiled in)::
+
+        filter_transform(w, U, threads)
+
+    ``U[i*alpha + j, g, k, c] = (G w[g*Kg + k, c] G^T)[i, j]``, in float64, rounded once.
+
+    w : (K, Cg, 3, 3)                 IN
+    U : (alpha**2, groups, Kpad, Cg)  OUT rows ``k >= Kg = K / groups`` are zero
+
+    Each part's body is compiled once (:mod:`.compiled_once`).
+    """
     alpha = m + 2
+    filters = types.Array(numpy_support.from_dtype(np.dtype(dtype)), 4, "C")
+    ARGUMENTS = declare(types.Tuple((filters, filters, types.int64)))  # w, U, parts
 
-    @njit(parallel=True, cache=True, fastmath={"contract"})
-    def filter_transform(w, U, threads):
-        """``U[i*alpha + j, g, k, c] = (G w[g*Kg + k, c] G^T)[i, j]``, in float64, rounded once.
-
-        w : (K, Cg, 3, 3)                IN
-        U : (alpha**2, groups, Kpad, Cg)  OUT rows ``k >= Kg = K / groups`` are zero
-        """
+    def part_body(w, U, parts, part):
         groups, Kpad, Cg = U.shape[1], U.shape[2], U.shape[3]
         Kg = w.shape[0] // groups
         w_flat, u_flat = w.ravel(), U.ravel()
         pos_stride = groups * Kpad * Cg
-        parts = _parts(groups * Kpad, threads)
-        for part in prange(parts):
-            rows = np.empty(alpha * 3 * Cg)  # (f G^T)[r, j] for every c, float64
-            gk_lo, gk_hi = part_range(part, parts, groups * Kpad)
-            for gk in range(gk_lo, gk_hi):
-                g = gk // Kpad
-                k = gk - g * Kpad
-                if k >= Kg:
-                    for pos in range(alpha * alpha):
-                        U[pos, g, k, :] = 0
-                    continue
-                transform_filter(m, w_flat, (g * Kg + k) * Cg * 9, Cg, rows, u_flat, gk * Cg, pos_stride)
+        rows = np.empty(alpha * 3 * Cg)  # (f G^T)[r, j] for every c, float64
+        gk_lo, gk_hi = part_range(part, parts, groups * Kpad)
+        for gk in range(gk_lo, gk_hi):
+            g = gk // Kpad
+            k = gk - g * Kpad
+            if k >= Kg:
+                for pos in range(alpha * alpha):
+                    U[pos, g, k, :] = 0
+                continue
+            transform_filter(m, w_flat, (g * Kg + k) * Cg * 9, Cg, rows, u_flat, gk * Cg, pos_stride)
 
-    return filter_transform
+    @njit(parallel=True, cache=True)
+    def filter_transform(w, U, threads, body):
+        parts = _parts(U.shape[1] * U.shape[2], threads)
+        shared = share((w, U, parts), ARGUMENTS)
+        for part in prange(parts):
+            call_body(body, shared, part, ARGUMENTS)
+        release(shared, ARGUMENTS)
+
+    return CompiledOnce(filter_transform, part_body, ARGUMENTS, fastmath={"contract"})
 
 
 # -- input transform ----------------------------------------------------------------------------
@@ -411,25 +424,33 @@ def _copy_padded_row(x_flat, x_row, W, w_first, dst, d0, n):
 
 
 @functools.lru_cache(maxsize=None)
-def input_transform_kernel(m: int):
-    """The input transform of F(m x m, 3 x 3) for one chunk of tiles (``m`` is compiled in)."""
+def input_transform_kernel(m: int, dtype: str):
+    """The input transform of F(m x m, 3 x 3) for one chunk of tiles of ``dtype`` (``m`` is
+    compiled in)::
+
+        input_transform(x, V, tiles_h, row0, nrows, tx0, ntiles, top, left, threads)
+
+    ``V[i*alpha + j, c, r*ntiles + t] = (B^T d B)[i, j]`` for tile ``t`` of chunk row ``r``.
+
+    x : (N, C, H, W)          IN  the image, unpadded (padding is read as zeros)
+    V : (alpha**2, C, Tpad)   OUT columns from ``nrows * ntiles`` on are zeros (padding of the GEMM)
+
+    The chunk is global tile rows ``row0 .. row0+nrows-1`` (global row ``n*tiles_h + ty``)
+    and tile columns ``tx0 .. tx0+ntiles-1``; ``top``, ``left``: padding before the image.
+
+    The ``alpha`` input rows of every tile row of the chunk are laid end to end, ``m*ntiles``
+    columns each ("main"), so that tile ``T = r*ntiles + t`` starts at column ``m*T`` of the
+    whole chunk and both passes run along all of its tiles at once, however narrow the image.
+    The last 2 columns of each row ("extra") go to a side buffer, from which the pass along the
+    rows (:func:`input_row_pass`) takes the taps ``m``, ``m+1`` of each row's last tile. Each
+    part's body is compiled once (:mod:`.compiled_once`).
+    """
     alpha = m + 2
+    element = numpy_support.from_dtype(np.dtype(dtype))
+    i64 = types.int64
+    ARGUMENTS = declare(types.Tuple((types.Array(element, 4, "C"), types.Array(element, 3, "C")) + (i64,) * 8))
 
-    @njit(parallel=True, cache=True, fastmath={"contract"})
-    def input_transform(x, V, tiles_h, row0, nrows, tx0, ntiles, top, left, threads):
-        """``V[i*alpha + j, c, r*ntiles + t] = (B^T d B)[i, j]`` for tile ``t`` of chunk row ``r``.
-
-        x : (N, C, H, W)          IN  the image, unpadded (padding is read as zeros)
-        V : (alpha**2, C, Tpad)   OUT columns from ``nrows * ntiles`` on are zeros (padding of the GEMM)
-        The chunk is global tile rows ``row0 .. row0+nrows-1`` (global row ``n*tiles_h + ty``)
-        and tile columns ``tx0 .. tx0+ntiles-1``; ``top``, ``left``: padding before the image.
-
-        The ``alpha`` input rows of every tile row of the chunk are laid end to end, ``m*ntiles``
-        columns each ("main"), so that tile ``T = r*ntiles + t`` starts at column ``m*T`` of the
-        whole chunk and both passes run along all of its tiles at once, however narrow the image.
-        The last 2 columns of each row ("extra") go to a side buffer, from which the pass along the
-        rows (:func:`input_row_pass`) takes the taps ``m``, ``m+1`` of each row's last tile.
-        """
+    def part_body(x, V, tiles_h, row0, nrows, tx0, ntiles, top, left, parts, part):
         N, C, H, W = x.shape
         Tpad = V.shape[2]
         v_flat, x_flat = V.ravel(), x.ravel()
@@ -438,53 +459,69 @@ def input_transform_kernel(m: int):
         E = 2 * nrows  # extra columns of the chunk
         w_first = m * tx0 - left  # image column of a row's first main column
         zero = _as_type_of(x[0, 0, 0, 0], 0.0)
-        parts = _parts(C, threads)
-        for part in prange(parts):
-            src_main = np.empty(alpha * L, x.dtype)
-            src_extra = np.empty(alpha * E, x.dtype)
-            # + the row pass's overrun: it reads whole registers past the last row's main columns.
-            rows_main = np.empty(alpha * L + m * register_lanes(x), x.dtype)
-            rows_extra = np.empty(alpha * E, x.dtype)
-            rows_main[alpha * L:] = 0
-            c_lo, c_hi = part_range(part, parts, C)
-            for c in range(c_lo, c_hi):
-                # The padding columns go through the GEMM (their results are never read): zeros
-                # keep stale NaNs or denormals of an earlier call out of it.
-                for pos in range(alpha * alpha):
-                    _fill_run(v_flat, (pos * C + c) * Tpad + nrows * ntiles, Tpad - nrows * ntiles)
-                for r in range(nrows):
-                    n, ty = divmod(row0 + r, tiles_h)
-                    for j in range(alpha):
-                        h = m * ty - top + j
-                        x_row = ((n * C + c) * H + h) * W if h >= 0 and h < H else -1
-                        _copy_padded_row(x_flat, x_row, W, w_first, src_main, j * L + r * row_len, row_len)
-                        _copy_padded_row(x_flat, x_row, W, w_first + row_len, src_extra, j * E + 2 * r, 2)
-                # B^T d: along the columns of every tile row at once.
-                transform_pass("input", m, False, src_main, 0, L, 1, rows_main, 0, L, 1, L, zero)
-                transform_pass("input", m, False, src_extra, 0, E, 1, rows_extra, 0, E, 1, E, zero)
-                # (B^T d) B: along the rows, tile T reading main columns m*T .. m*T + alpha - 1.
-                for i in range(alpha):
-                    input_row_pass(m, rows_main, i * L, rows_extra, i * E, ntiles, v_flat, (alpha * i * C + c) * Tpad,
-                                   C * Tpad, nrows * ntiles)
+        src_main = np.empty(alpha * L, x.dtype)
+        src_extra = np.empty(alpha * E, x.dtype)
+        # + the row pass's overrun: it reads whole registers past the last row's main columns.
+        rows_main = np.empty(alpha * L + m * register_lanes(x), x.dtype)
+        rows_extra = np.empty(alpha * E, x.dtype)
+        rows_main[alpha * L:] = 0
+        c_lo, c_hi = part_range(part, parts, C)
+        for c in range(c_lo, c_hi):
+            # The padding columns go through the GEMM (their results are never read): zeros
+            # keep stale NaNs or denormals of an earlier call out of it.
+            for pos in range(alpha * alpha):
+                _fill_run(v_flat, (pos * C + c) * Tpad + nrows * ntiles, Tpad - nrows * ntiles)
+            for r in range(nrows):
+                n, ty = divmod(row0 + r, tiles_h)
+                for j in range(alpha):
+                    h = m * ty - top + j
+                    x_row = ((n * C + c) * H + h) * W if h >= 0 and h < H else -1
+                    _copy_padded_row(x_flat, x_row, W, w_first, src_main, j * L + r * row_len, row_len)
+                    _copy_padded_row(x_flat, x_row, W, w_first + row_len, src_extra, j * E + 2 * r, 2)
+            # B^T d: along the columns of every tile row at once.
+            transform_pass("input", m, False, src_main, 0, L, 1, rows_main, 0, L, 1, L, zero)
+            transform_pass("input", m, False, src_extra, 0, E, 1, rows_extra, 0, E, 1, E, zero)
+            # (B^T d) B: along the rows, tile T reading main columns m*T .. m*T + alpha - 1.
+            for i in range(alpha):
+                input_row_pass(m, rows_main, i * L, rows_extra, i * E, ntiles, v_flat, (alpha * i * C + c) * Tpad,
+                               C * Tpad, nrows * ntiles)
 
-    return input_transform
+    @njit(parallel=True, cache=True)
+    def input_transform(x, V, tiles_h, row0, nrows, tx0, ntiles, top, left, threads, body):
+        parts = _parts(x.shape[1], threads)
+        shared = share((x, V, tiles_h, row0, nrows, tx0, ntiles, top, left, parts), ARGUMENTS)
+        for part in prange(parts):
+            call_body(body, shared, part, ARGUMENTS)
+        release(shared, ARGUMENTS)
+
+    return CompiledOnce(input_transform, part_body, ARGUMENTS, fastmath={"contract"})
 
 
 # -- output transform ---------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def output_transform_kernel(m: int):
-    """The output transform of F(m x m, 3 x 3) for one chunk of tiles (``m`` is compiled in)."""
+def output_transform_kernel(m: int, dtype: str):
+    """The output transform of F(m x m, 3 x 3) for one chunk of tiles of ``dtype`` (``m`` is
+    compiled in)::
+
+        output_transform(M, y, bias, tiles_h, row0, nrows, tx0, ntiles, threads, nonfinite)
+
+    ``y[n, k, m*ty + a, m*tx + b] = (A^T M_tile A)[a, b] + bias[k]`` for the chunk's tiles.
+
+    M : (alpha**2, K, Tpad)  IN  GEMM results, laid out like ``V`` of the input transform
+    y : (N, K, P, Q)         OUT only the (existing) outputs of this chunk's tiles
+    bias : (K,)              IN  (zeros when the call has no bias)
+    nonfinite : (1,) int64   OUT set to 1 when an output of the chunk is not finite
+
+    Each part's body is compiled once (:mod:`.compiled_once`).
+    """
     alpha = m + 2
+    element = numpy_support.from_dtype(np.dtype(dtype))
+    i64 = types.int64
+    ARGUMENTS = declare(types.Tuple(
+        (types.Array(element, 3, "C"), types.Array(element, 4, "C"), types.Array(element, 1, "C"))
+        + (i64,) * 6 + (types.Array(types.int64, 1, "C"),)))
 
-    @njit(parallel=True, cache=True, fastmath={"contract"})
-    def output_transform(M, y, bias, tiles_h, row0, nrows, tx0, ntiles, threads, nonfinite):
-        """``y[n, k, m*ty + a, m*tx + b] = (A^T M_tile A)[a, b] + bias[k]`` for the chunk's tiles.
-
-        M : (alpha**2, K, Tpad)  IN  GEMM results, laid out like ``V`` of the input transform
-        y : (N, K, P, Q)         OUT only the (existing) outputs of this chunk's tiles
-        bias : (K,)              IN  (zeros when the call has no bias)
-        nonfinite : (1,) int64   OUT set to 1 when an output of the chunk is not finite
-        """
+    def part_body(M, y, bias, tiles_h, row0, nrows, tx0, ntiles, parts, nonfinite, part):
         K, P, Q = y.shape[1], y.shape[2], y.shape[3]
         Tpad = M.shape[2]
         m_flat, y_flat = M.ravel(), y.ravel()
@@ -492,29 +529,35 @@ def output_transform_kernel(m: int):
         L = nrows * row_len
         q0 = m * tx0
         width = min(Q, q0 + row_len) - q0  # output columns of a chunk row (its last tile may be cut)
-        parts = _parts(K, threads)
-        for part in prange(parts):
-            rows = np.empty(alpha * L, y.dtype)
-            out = np.empty(m * L, y.dtype)
-            k_lo, k_hi = part_range(part, parts, K)
-            for k in range(k_lo, k_hi):
-                zero = _as_type_of(bias[k], 0.0)
-                # M A: along the tiles of the whole chunk, each tile's m outputs side by side.
-                for i in range(alpha):
-                    transform_pass("output", m, True, m_flat, (alpha * i * K + k) * Tpad, K * Tpad, 1,
-                                   rows, i * L, 1, m, nrows * ntiles, zero)
-                # A^T (M A) + bias: along every output column of the chunk.
-                transform_pass("output", m, False, rows, 0, L, 1, out, 0, L, 1, L, bias[k])
-                # v - v is 0 for a finite v and NaN otherwise: one vectorised pass over values
-                # still in cache tells whether this channel needs the exact repair.
-                bad = False
-                for i in range(m * L):
-                    bad |= (out[i] - out[i]) != zero
-                if bad:
-                    nonfinite[0] = 1
-                for r in range(nrows):
-                    n, ty = divmod(row0 + r, tiles_h)
-                    for a in range(min(m, P - m * ty)):  # the bottom tile row may be cut
-                        copy_row(out, a * L + r * row_len, y_flat, ((n * K + k) * P + m * ty + a) * Q + q0, width)
+        rows = np.empty(alpha * L, y.dtype)
+        out = np.empty(m * L, y.dtype)
+        k_lo, k_hi = part_range(part, parts, K)
+        for k in range(k_lo, k_hi):
+            zero = _as_type_of(bias[k], 0.0)
+            # M A: along the tiles of the whole chunk, each tile's m outputs side by side.
+            for i in range(alpha):
+                transform_pass("output", m, True, m_flat, (alpha * i * K + k) * Tpad, K * Tpad, 1,
+                               rows, i * L, 1, m, nrows * ntiles, zero)
+            # A^T (M A) + bias: along every output column of the chunk.
+            transform_pass("output", m, False, rows, 0, L, 1, out, 0, L, 1, L, bias[k])
+            # v - v is 0 for a finite v and NaN otherwise: one vectorised pass over values
+            # still in cache tells whether this channel needs the exact repair.
+            bad = False
+            for i in range(m * L):
+                bad |= (out[i] - out[i]) != zero
+            if bad:
+                nonfinite[0] = 1
+            for r in range(nrows):
+                n, ty = divmod(row0 + r, tiles_h)
+                for a in range(min(m, P - m * ty)):  # the bottom tile row may be cut
+                    copy_row(out, a * L + r * row_len, y_flat, ((n * K + k) * P + m * ty + a) * Q + q0, width)
 
-    return output_transform
+    @njit(parallel=True, cache=True)
+    def output_transform(M, y, bias, tiles_h, row0, nrows, tx0, ntiles, threads, nonfinite, body):
+        parts = _parts(y.shape[1], threads)
+        shared = share((M, y, bias, tiles_h, row0, nrows, tx0, ntiles, parts, nonfinite), ARGUMENTS)
+        for part in prange(parts):
+            call_body(body, shared, part, ARGUMENTS)
+        release(shared, ARGUMENTS)
+
+    return CompiledOnce(output_transform, part_body, ARGUMENTS, fastmath={"contract"})
