@@ -58,7 +58,16 @@ def test_body_computes_what_the_loop_does():
     assert after.alloc - before.alloc == after.free - before.free > 0
     np.testing.assert_array_equal(y, 2.5 * x + np.arange(7.0)[:, None])
     assert kernel.signatures == [(MATRIX, MATRIX, types.float64, VECTOR, types.int64)]
-    assert "ret" in kernel.inspect_asm(kernel.signatures[0])
+
+
+def test_a_read_only_input_is_read_as_declared():
+    # A caller's read-only array types as another array type than the declared, writable one.
+    kernel = _scaled_rows_kernel(types.Tuple((MATRIX, MATRIX, types.float64, VECTOR)))
+    x = np.arange(12.0).reshape(4, 3)
+    x.flags.writeable = False
+    y = np.zeros_like(x)
+    kernel(x, y, -1.0)
+    np.testing.assert_array_equal(y, -x + np.arange(4.0)[:, None])
 
 
 def test_a_tuple_of_another_type_is_refused():

@@ -77,9 +77,18 @@ def declare(numba_type: types.BaseTuple) -> Declared:
     return Declared(numba_type)
 
 
+def _writable(numba_type):
+    # A read-only array (a caller's input) has the data model of a writable one: the body
+    # compiled for the declared, writable type reads it alike, and never writes an input.
+    if isinstance(numba_type, types.Array) and not numba_type.mutable:
+        return numba_type.copy(readonly=False)
+    return numba_type
+
+
 def _check(arguments, arguments_type):
-    if arguments != arguments_type.instance_type:
-        raise TypingError(f"the body's arguments are {arguments}, not the declared {arguments_type.instance_type}")
+    declared = arguments_type.instance_type
+    if len(arguments) != len(declared) or any(_writable(a) != d for a, d in zip(arguments, declared)):
+        raise TypingError(f"the body's arguments are {arguments}, not the declared {declared}")
 
 
 @intrinsic
