@@ -34,10 +34,12 @@ when the launcher compiles.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit, types
 from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic, typeof_impl
+from numba.np import numpy_support
 
 
 def _name_only(name: str) -> str:
@@ -75,6 +77,12 @@ def declare(numba_type: types.BaseTuple) -> Declared:
     """``numba_type``, a tuple type, as a body's arguments' type for a kernel's closure (see
     :class:`Declared`)."""
     return Declared(numba_type)
+
+
+def array_type(dtype, ndim: int) -> types.Array:
+    """The numba type of a C-contiguous ``ndim``-dimensional array of ``dtype``, as a declared
+    tuple names its arrays."""
+    return types.Array(numpy_support.from_dtype(np.dtype(dtype)), ndim, "C")
 
 
 def _writable(numba_type):

@@ -73,11 +73,10 @@ import functools
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
-from numba.np import numpy_support
 
 from ..core import output_cache
 from ..core.problem import ConvProblem
-from .compiled_once import CompiledOnce, call_body, declare, release, share
+from .compiled_once import CompiledOnce, array_type, call_body, declare, release, share
 from .intrinsics import (deinterleave_vector, store_fence, transpose_block, vector_copy, vector_fma,
                          vector_fma_lanes, vector_lanes, vector_stream_plus)
 from .isa import simd_bytes
@@ -280,11 +279,11 @@ def depthwise_kernel(R: int, S: int, dtype: str, vector_bytes: int | None = None
     zero = scalar(0)
 
     # What the launcher hands each thread's body (compiled once: see compiled_once), and its types.
-    values, ints = types.Array(numpy_support.from_dtype(np.dtype(dtype)), 1, "C"), types.Array(types.int64, 1, "C")
+    values, ints = array_type(dtype, 1), array_type(np.int64, 1)
     i64, flag = types.int64, types.boolean
     ARGUMENTS = declare(types.Tuple((
-        values, types.Array(values.dtype, 4, "C"), values, values,  # xf, w, bias, yf
-        ints, types.Array(flag, 1, "C"), ints,                      # start, used, taken
+        values, array_type(dtype, 4), values, values,               # xf, w, bias, yf
+        ints, array_type(np.bool_, 1), ints,                        # start, used, taken
         i64, i64, i64, i64, i64, flag, i64,                         # stride_h, stride_w, top, left, rows, stream, y_misalign
         i64, i64, i64, i64, i64, i64, i64,                          # H, W, C, K, P, Q, multiplier
         i64, i64, i64, i64, i64, i64, i64,                          # nph, npw, extra, Ws, plane_size, bands, items

@@ -59,12 +59,11 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit, parallel_chunksize, prange, types
 from numba.extending import overload
-from numba.np import numpy_support
 
 from ..core import output_cache
 from ..core.winograd_math import WinogradTile
 from .codegen import PER_ROW, PER_ROW_VECTOR, PER_VECTOR_ROW, exec_function, render
-from .compiled_once import CompiledOnce, call_body, declare, release, share
+from .compiled_once import CompiledOnce, array_type, call_body, declare, release, share
 from .exact import repair_nonfinite
 from .intrinsics import vector_copy, vector_fma, vector_zero
 from .micro_kernels import micro_kernel_lanes
@@ -141,7 +140,7 @@ def batched_gemm_kernel(MR: int, NR: int, dtype: str):
 
     The loop's body is compiled once (:mod:`.compiled_once`).
     """
-    flat = types.Array(numpy_support.from_dtype(np.dtype(dtype)), 1, "C")
+    flat = array_type(dtype, 1)
     i64 = types.int64
     ARGUMENTS = declare(types.Tuple((flat, flat, flat) + (i64,) * 8))
 
@@ -193,9 +192,9 @@ def fused_filter_gemm_kernel(m: int, MR: int, NR: int, dtype: str):
     """
     alpha = m + 2
     positions = alpha * alpha
-    flat = types.Array(numpy_support.from_dtype(np.dtype(dtype)), 1, "C")
+    flat = array_type(dtype, 1)
     i64 = types.int64
-    ARGUMENTS = declare(types.Tuple((flat, flat, flat, types.Array(flat.dtype, 2, "C")) + (i64,) * 8))
+    ARGUMENTS = declare(types.Tuple((flat, flat, flat, array_type(dtype, 2)) + (i64,) * 8))
 
     def part_body(w_flat, v_flat, m_flat, blocks, C, K, Tpad, Cg, groups, Kg, group_tiles, block_tiles, part):
         parts = blocks.shape[0]

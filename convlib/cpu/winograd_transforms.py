@@ -28,7 +28,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 from numba.np import numpy_support
 
-from .compiled_once import CompiledOnce, call_body, declare, release, share
+from .compiled_once import CompiledOnce, array_type, call_body, declare, release, share
 from .intrinsics import copy_row, deinterleave_run, lanes_per_register, register_lanes
 from .stack_buffer import stack_array_1d, stack_array_2d
 from .tables import KNOBS
@@ -370,7 +370,7 @@ def filter_transform_kernel(m: int, dtype: str):
     Each part's body is compiled once (:mod:`.compiled_once`).
     """
     alpha = m + 2
-    filters = types.Array(numpy_support.from_dtype(np.dtype(dtype)), 4, "C")
+    filters = array_type(dtype, 4)
     ARGUMENTS = declare(types.Tuple((filters, filters, types.int64)))  # w, U, parts
 
     def part_body(w, U, parts, part):
@@ -446,9 +446,8 @@ def input_transform_kernel(m: int, dtype: str):
     part's body is compiled once (:mod:`.compiled_once`).
     """
     alpha = m + 2
-    element = numpy_support.from_dtype(np.dtype(dtype))
     i64 = types.int64
-    ARGUMENTS = declare(types.Tuple((types.Array(element, 4, "C"), types.Array(element, 3, "C")) + (i64,) * 8))
+    ARGUMENTS = declare(types.Tuple((array_type(dtype, 4), array_type(dtype, 3)) + (i64,) * 8))
 
     def part_body(x, V, tiles_h, row0, nrows, tx0, ntiles, top, left, parts, part):
         N, C, H, W = x.shape
@@ -515,11 +514,9 @@ def output_transform_kernel(m: int, dtype: str):
     Each part's body is compiled once (:mod:`.compiled_once`).
     """
     alpha = m + 2
-    element = numpy_support.from_dtype(np.dtype(dtype))
     i64 = types.int64
     ARGUMENTS = declare(types.Tuple(
-        (types.Array(element, 3, "C"), types.Array(element, 4, "C"), types.Array(element, 1, "C"))
-        + (i64,) * 6 + (types.Array(types.int64, 1, "C"),)))
+        (array_type(dtype, 3), array_type(dtype, 4), array_type(dtype, 1)) + (i64,) * 6 + (array_type(np.int64, 1),)))
 
     def part_body(M, y, bias, tiles_h, row0, nrows, tx0, ntiles, parts, nonfinite, part):
         K, P, Q = y.shape[1], y.shape[2], y.shape[3]
