@@ -69,6 +69,7 @@ strides, padding, dilation and the multiplier are run-time values.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit, prange, types
@@ -919,37 +920,62 @@ def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
     return depthwise_channel_blocks
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """Everything of a call but its arrays, computed once per problem, thread count and knob state
+    (:func:`_launch`), as direct, blis and Winograd keep theirs: deciding the way, its geometry
+    and tables, and looking up the kernel took 26 us of Python a call (Zen 3), more than the
+    kernel of a small layer (7 us for one 4x4 image of 16 channels)."""
+
+    kernel: object
+    leading: tuple  # the kernel's arguments after (x, w, bias)
+    trailing: tuple  # the bands' arguments after (stream, y_misalign); all of them for other ways
+    zero_bias: np.ndarray  # the bias of a call without one (read only)
+    bands: bool  # the bands way: two arguments between leading and trailing follow y's address
+    may_stream: bool  # the bands' output is large enough for non-temporal stores
+    lanes: int  # the bands' vector lanes (for y's misalignment)
+
+
+@KNOBS.cached
+def _launch(problem: ConvProblem, threads: int, vector_bytes: int) -> _Launch:
+    """The :class:`_Launch` of ``problem`` on ``threads`` threads with vectors of ``vector_bytes``."""
+    zero_bias = np.zeros(problem.K, problem.dtype)
+    R, S, dtype = problem.R, problem.S, problem.dtype
+    (sh, sw), (dh, dw) = problem.stride, problem.dilation
+    if uses_channel_blocks(problem):
+        rows, in_rows, Wb = channel_block_geometry(problem)
+        kernel = channel_block_kernel(R, S, dtype, KNOBS.depthwise_channel_block_ways)
+        leading = (sh, sw, problem.pad_top, problem.pad_left, dh, dw, rows, in_rows, Wb,
+                   KNOBS.depthwise_channel_block_window, threads)
+        return _Launch(kernel, leading, (), zero_bias, False, False, 0)
+    if uses_whole_planes(problem):
+        before, after = _plane_margins(problem)
+        mask, delta = _plane_tables(problem.H, problem.W, R, S, problem.pad_top, problem.pad_left, problem.dilation)
+        leading = (mask, delta, before, after, threads)
+        return _Launch(whole_plane_kernel(R, S, dtype), leading, (), zero_bias, False, False, 0)
+    if uses_gathered_planes(problem):
+        source, tap_offset, output_index, wide = gathered_geometry(problem)
+        leading = (source, tap_offset, output_index, wide, threads)
+        return _Launch(gathered_plane_kernel(R, S, dtype), leading, (), zero_bias, False, False, 0)
+    rows = geometry(problem)[0]
+    kernel = depthwise_kernel(R, S, dtype, vector_bytes)
+    leading = (sh, sw, problem.pad_top, problem.pad_left, dh, dw, rows)
+    # Outputs past half the last-level cache skip the read for ownership of each line (as direct's).
+    may_stream = problem.output_bytes >= KNOBS.direct_stream_min_bytes
+    return _Launch(kernel, leading, (threads,), zero_bias, True, may_stream, band_block(problem.itemsize)[0])
+
+
 def run(problem: ConvProblem, x, w, bias, device=None):
     """Depthwise convolution of ``x`` with ``w`` (the implementation contract of
     :mod:`convlib.core.contracts`)."""
     y = output_cache.empty(problem.y_shape, problem.dtype)
-    bias_or_zeros = bias if bias is not None else np.zeros(problem.K, problem.dtype)
-    if uses_channel_blocks(problem):
-        rows, in_rows, Wb = channel_block_geometry(problem)
-        channel_block_kernel(problem.R, problem.S, problem.dtype, KNOBS.depthwise_channel_block_ways)(
-            x, w, bias_or_zeros, problem.stride[0], problem.stride[1], problem.pad_top, problem.pad_left,
-            problem.dilation[0], problem.dilation[1], rows, in_rows, Wb, KNOBS.depthwise_channel_block_window,
-            thread_count(), y)
+    launch = _launch(problem, thread_count(), simd_bytes())
+    if bias is None:
+        bias = launch.zero_bias
+    if not launch.bands:
+        launch.kernel(x, w, bias, *launch.leading, y)
         return y
-    if uses_whole_planes(problem):
-        before, after = _plane_margins(problem)
-        mask, delta = _plane_tables(problem.H, problem.W, problem.R, problem.S, problem.pad_top, problem.pad_left,
-                                    problem.dilation)
-        whole_plane_kernel(problem.R, problem.S, problem.dtype)(
-            x, w, bias_or_zeros, mask, delta, before, after, thread_count(), y)
-        return y
-    if uses_gathered_planes(problem):
-        source, tap_offset, output_index, wide = gathered_geometry(problem)
-        gathered_plane_kernel(problem.R, problem.S, problem.dtype)(
-            x, w, bias_or_zeros, source, tap_offset, output_index, wide, thread_count(), y)
-        return y
-    rows = geometry(problem)[0]
-    address = y.__array_interface__["data"][0]
-    lanes = band_block(problem.itemsize)[0]
-    # Outputs past half the last-level cache skip the read for ownership of each line (as direct's).
-    stream = (y.nbytes >= KNOBS.direct_stream_min_bytes and address % problem.itemsize == 0)
-    depthwise_kernel(problem.R, problem.S, problem.dtype, simd_bytes())(
-        x, w, bias_or_zeros, problem.stride[0], problem.stride[1], problem.pad_top, problem.pad_left,
-        problem.dilation[0], problem.dilation[1], rows, stream, (address // problem.itemsize) % lanes,
-        thread_count(), y)
+    address, itemsize = y.__array_interface__["data"][0], problem.itemsize
+    stream = launch.may_stream and address % itemsize == 0
+    launch.kernel(x, w, bias, *launch.leading, stream, (address // itemsize) % launch.lanes, *launch.trailing, y)
     return y
