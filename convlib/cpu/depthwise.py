@@ -266,9 +266,12 @@ def pair_taps(acc, wt, buf, off, at, Ws, shift, taps, V2, L):
     ``at``.
 
     ``taps``, ``V2`` and ``L`` must be compile-time constants; so may ``shift`` be, and then the
-    three loops have constant counts, which LLVM unrolls: a 3x3 filter's pair loop had counts of
-    3, 6 and 3 at run time, and stride-1 filters took 1.12-1.33x the time (Zen 3, AVX2). Jitted code
-    only (an overload, as :func:`window_step`).
+    three loops have constant counts, which LLVM unrolls. With run-time counts (a 3x3 filter's: 3,
+    6 and 3) stride-1 filters took 1.03-1.28x the time on a Zen 3 (AVX2), and 5x5 and 7x7 filters
+    1.0-1.12x on a Xeon (AVX-512), where 3x3 filters went the other way (constant counts 1.11-1.25x
+    on one thread, 0.83-1.08x on two): the kernel unrolls them there only for larger filters.
+    Stride 2: within 0.94-1.07x either way on both. Jitted code only (an overload, as
+    :func:`window_step`).
     """
     raise NotImplementedError("pair_taps is called from numba-compiled code only")
 
@@ -329,6 +332,10 @@ def depthwise_kernel(R: int, S: int, dtype: str, vector_bytes: int | None = None
     V2 = V // 2  # vectors per row of a pair of rows
     half = V2 * L
     two_rows = 2 * S  # taps between filter rows r and r + 2
+    # The pair loops with constant tap counts: faster with ymm vectors (stride-1 filters 0.78-0.97x
+    # the time on a Zen 3) and for filters above 3x3 with zmm (0.89-1.0x on a Xeon), but a 3x3
+    # filter's in zmm took 1.11-1.25x the time on one Xeon thread (see pair_taps).
+    constant_counts = L * np.dtype(dtype).itemsize < 64 or taps > 9
     zero = scalar(0)
 
     # What the launcher hands each thread's body (compiled once: see compiled_once), and its types.
@@ -420,9 +427,9 @@ def depthwise_kernel(R: int, S: int, dtype: str, vector_bytes: int | None = None
                             vector_copy(acc, v * L, start_acc, 0, L)
                             vector_copy(acc, (V2 + v) * L, start_acc, 0, L)
                         at = uintp(begin + j0)
-                        if shift == S:  # row stride one filter row (stride 1): constant tap counts
+                        if constant_counts and shift == S:  # row stride one filter row (stride 1)
                             pair_taps(acc, wt, buf, off, at, Ws, S, taps, V2, L)
-                        elif shift == two_rows:  # two (stride 2)
+                        elif constant_counts and shift == two_rows:  # two (stride 2)
                             pair_taps(acc, wt, buf, off, at, Ws, two_rows, taps, V2, L)
                         else:
                             pair_taps(acc, wt, buf, off, at, Ws, shift, taps, V2, L)
