@@ -13,7 +13,8 @@ then by the plane's geometry (:func:`uses_whole_planes`, :func:`uses_gathered_pl
 *Channel blocks* (``K >= depthwise_channel_block_min_filters``: the depthwise layers of networks,
 any geometry; the small stride-1 planes too unless ``depthwise_whole_plane_max_positions`` sends
 them to the whole planes below): a vector holds
-64 bytes of channels of one position, not positions of one channel. A band's input rows are
+a register's width of channels of one position (64 bytes with AVX-512, 32 with AVX2), not
+positions of one channel. A band's input rows are
 transposed into a zero-padded buffer of channel vectors, every output position is ``R*S`` vector
 FMAs (at column strides 1 and 2, a few positions at a time from a window of each filter row's
 input vectors loaded once: :func:`window_step`), and the outputs are transposed back
@@ -240,7 +241,7 @@ def workspace_bytes(problem: ConvProblem, device=None) -> int:
     band's input and output blocks (``depthwise_channel_block_bytes``)."""
     if uses_channel_blocks(problem):
         rows, in_rows, Wb = channel_block_geometry(problem)
-        return thread_count() * (in_rows * Wb + rows * problem.Q) * 64
+        return thread_count() * (in_rows * Wb + rows * problem.Q) * channel_lanes(problem.itemsize) * problem.itemsize
     if uses_whole_planes(problem):
         positions = _round_up(problem.P * problem.Q, BLOCK)
         before, after = _plane_margins(problem)
@@ -719,8 +720,12 @@ def gathered_plane_kernel(R: int, S: int, dtype: str):
 
 
 def channel_lanes(itemsize: int) -> int:
-    """Channels per block of the channel-blocked way: one 64-byte vector (16 float32, 8 float64)."""
-    return 64 // itemsize
+    """Channels per block of the channel-blocked way: one vector register's width
+    (:func:`~convlib.cpu.isa.simd_bytes`: 16 float32 with AVX-512, 8 with AVX2). With AVX2 the
+    blocks were 64 bytes until session 37: a 16x16 transpose then needed 32 ymm registers of the
+    16 there are, and the transposes took most of the time; blocks of 8 channels took 0.62-0.87x
+    the time on MobileNetV2's depthwise layers (Zen 3, ``.device/s37/ab_lanes.py``)."""
+    return simd_bytes() // itemsize
 
 
 def uses_channel_blocks(problem: ConvProblem) -> bool:
@@ -896,6 +901,14 @@ def channel_block_kernel(R: int, S: int, dtype: str, ways: int):
                             whole = first + (last - first) // L * L
                             i, jc = h_lo - h_first, 0
                             for pos0 in range(first, whole, L):
+                                if jc + L <= W:  # the block's positions lie in one row: straight in
+                                    transpose_block(buf, uintp((i * Wb + jc + left) * L), L, xf, plane0 + uintp(pos0),
+                                                    HW, L)
+                                    jc += L
+                                    if jc == W:
+                                        jc = 0
+                                        i += 1
+                                    continue
                                 transpose_block(tmp, 0, L, xf, plane0 + uintp(pos0), HW, L)
                                 for j in range(L):
                                     vector_copy(buf, uintp((i * Wb + jc + left) * L), tmp, j * L, L)

@@ -322,7 +322,7 @@ KNOBS = KnobTable("cpu", [
          "a tap's run reads L1 within a block and L2 across rows"),
     Knob("depthwise_plane_mask_bytes", _DEPTHWISE_PLANE_MASK_BYTES, "largest tap masks (R*S bytes per output position) of "
          "depthwise's whole-plane way; past it, bands: the masks are read once per plane and should stay in L2"),
-    Knob("depthwise_channel_block_min_filters", 16, "depthwise runs channel-blocked (vectors of 64 bytes of "
+    Knob("depthwise_channel_block_min_filters", 16, "depthwise runs channel-blocked (a vector register's width of "
          "channels, transposed in and out of a padded band buffer) from this many filters K; below it, the ways "
          "that vectorise along the width (one-channel image filters)"),
     # Until 2026-11-29 14x14 planes (256, with zmm) and 28x28 too (1024, with ymm) went whole: in
