@@ -266,8 +266,9 @@ def pair_taps(acc, wt, buf, off, at, Ws, shift, taps, V2, L):
     ``p + 1`` only, one buffer row (``Ws``) further down. ``off[t]``: tap ``t``'s offset from
     ``at``.
 
-    ``taps``, ``V2`` and ``L`` must be compile-time constants; so may ``shift`` be, and then the
-    three loops have constant counts, which LLVM unrolls. With run-time counts (a 3x3 filter's: 3,
+    ``taps``, ``V2`` and ``L`` must be compile-time constants; ``shift`` may be one too (the
+    overload is inlined, so a constant at the call site stays one), and then the three loops have
+    constant counts, which LLVM unrolls. With run-time counts (a 3x3 filter's: 3,
     6 and 3) stride-1 filters took 1.03-1.28x the time on a Zen 3 (AVX2), and 5x5 and 7x7 filters
     1.0-1.12x on a Xeon (AVX-512), where 3x3 filters went the other way (constant counts 1.11-1.25x
     on one thread, 0.83-1.08x on two): the kernel unrolls them there only for larger filters.
@@ -284,30 +285,20 @@ def _pair_taps_overload(acc, wt, buf, off, at, Ws, shift, taps, V2, L):
         return None  # numba retries with the literal types
     n_taps, n_vectors, lanes = (c.literal_value for c in constants)
 
-    def taps_of_pair(acc, wt, buf, off, at, Ws, step):
-        for t in range(step):  # filter rows 0 .. dr-1: row p only
+    def impl(acc, wt, buf, off, at, Ws, shift, taps, V2, L):
+        for t in range(shift):  # filter rows 0 .. dr-1: row p only
             first = uintp(off[t]) + at
             for v in range(n_vectors):
                 vector_fma(acc, v * lanes, wt, t, buf, first + uintp(v * lanes), lanes)
-        for t in range(step, n_taps):
+        for t in range(shift, n_taps):
             first = uintp(off[t]) + at
             for v in range(n_vectors):
                 vector_fma(acc, v * lanes, wt, t, buf, first + uintp(v * lanes), lanes)
-                vector_fma(acc, (n_vectors + v) * lanes, wt, t - step, buf, first + uintp(v * lanes), lanes)
-        for t in range(n_taps - step, n_taps):  # filter rows R-dr .. R-1 of row p + 1, one row below
+                vector_fma(acc, (n_vectors + v) * lanes, wt, t - shift, buf, first + uintp(v * lanes), lanes)
+        for t in range(n_taps - shift, n_taps):  # filter rows R-dr .. R-1 of row p + 1, one row below
             first = uintp(off[t]) + uintp(Ws) + at
             for v in range(n_vectors):
                 vector_fma(acc, (n_vectors + v) * lanes, wt, t, buf, first + uintp(v * lanes), lanes)
-
-    taps_of_pair = njit(inline="always", fastmath={"contract"})(taps_of_pair)
-    if isinstance(shift, types.IntegerLiteral):
-        fixed = shift.literal_value
-
-        def impl(acc, wt, buf, off, at, Ws, shift, taps, V2, L):
-            taps_of_pair(acc, wt, buf, off, at, Ws, fixed)
-    else:
-        def impl(acc, wt, buf, off, at, Ws, shift, taps, V2, L):
-            taps_of_pair(acc, wt, buf, off, at, Ws, shift)
 
     return impl
 
@@ -333,9 +324,8 @@ def depthwise_kernel(R: int, S: int, dtype: str, vector_bytes: int | None = None
     V2 = V // 2  # vectors per row of a pair of rows
     half = V2 * L
     two_rows = 2 * S  # taps between filter rows r and r + 2
-    # The pair loops with constant tap counts: faster with ymm vectors (stride-1 filters 0.78-0.97x
-    # the time on a Zen 3) and for filters above 3x3 with zmm (0.89-1.0x on a Xeon), but a 3x3
-    # filter's in zmm took 1.11-1.25x the time on one Xeon thread (see pair_taps).
+    # The pair loops with constant tap counts pay with ymm vectors, and with zmm only for filters
+    # above 3x3 (measurements in pair_taps).
     constant_counts = L * np.dtype(dtype).itemsize < 64 or taps > 9
     zero = scalar(0)
 
