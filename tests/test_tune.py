@@ -117,7 +117,10 @@ def test_derived_knobs_follow_the_reported_caches():
     assert large["direct_stream_min_bytes"] == 48 * 2**20 == large["direct_whole_input_max_bytes"]
     assert small["direct_stream_min_bytes"] > 0  # no L3 reported: the fallback's
     assert large["depthwise_band_bytes"] > small["depthwise_band_bytes"]
-    assert large["blis_blocking"][("avx512", "float32")].KC > small["blis_blocking"][("avx512", "float32")].KC
+    # KC follows L1 (never below 128: 32 and 48 KiB L1s both get AVX-512's 128).
+    wide_l1 = machine_derived_knobs({"L1d": 96 * 1024, "L2": 2 * 2**20})
+    assert wide_l1["blis_blocking"][("avx512", "float32")].KC > large["blis_blocking"][("avx512", "float32")].KC
+    assert large["blis_blocking"][("avx2", "float32")].KC > small["blis_blocking"][("avx2", "float32")].KC
 
 
 # -- the profile file ---------------------------------------------------------------------------

@@ -18,16 +18,17 @@ The five loops of BLIS (Van Zee & van de Geijn, 2015) partition C = A @ B, with 
 ``NR``    columns of that register tile; a multiple of the SIMD width
 ========  =====================================================================================
 
-``Ac`` (MC x KC) is meant to stay in L2 and a KC x MR sliver of it in L1 while the micro-kernel
-streams KC x NR slivers of ``Bc`` (KC x NC) from L2. MR x NR sets the register tile: MR*NR/16
+The driver's two inner loops take one ``KC x NR`` sliver of ``Bc`` and run it against every
+``KC x MR`` sliver of ``Ac`` in turn: that sliver of ``Bc`` is meant to stay in L1 (32 KiB for
+128 x 64 float32), ``Ac`` (MC x KC) in L2 and ``Bc`` (KC x NC) in L2 or L3. MR x NR sets the register tile: MR*NR/16
 zmm accumulators for float32 (24 of the 32 for 6x64), NR/16 vector loads and MR broadcasts per
 reduction step. The AVX-512 rows were measured on the Zen 5 measurement machine and the GPU
 machine's Xeon host, the AVX2 rows on the AVX2 development machine (docs/benchmarks.md).
 
 Those rows hold for the caches they were measured with (:data:`REFERENCE_CACHES`). On another
 machine :func:`machine_derived_knobs` scales them to the caches the OS reports
-(:func:`convlib.cpu.isa.cache_sizes`): KC with the L1 data cache (the ``MR x KC`` sliver of
-``Ac`` stays in L1), MC so that ``Ac`` and one ``KC x NR`` sliver of ``Bc`` keep the same share
+(:func:`convlib.cpu.isa.cache_sizes`): KC with the L1 data cache (the ``KC x NR`` sliver of
+``Bc`` stays in L1), MC so that ``Ac`` and one ``KC x NR`` sliver of ``Bc`` keep the same share
 of L2, NC so that ``Bc`` keeps its size. ``python -m convlib.tune`` measures around them and
 stores what wins in the machine's profile (:mod:`convlib.cpu.profile`), which takes precedence.
 
@@ -145,8 +146,13 @@ class DirectBlocking:
 #: ResNet-50's GEMM-shaped layers took 0.905x and 0.980x the time in geomean, two interleaved runs
 #: of blis under ``KNOBS.override(blis_blocking=...)`` (a git-ignored script, docs/benchmarks.md),
 #: and ``python -m convlib.tune`` chose KC=512 there twice.
+#: AVX-512's KC=128 (from 384): the micro-kernel's ``KC x NR`` sliver of ``Bc``, reused across the
+#: MC/MR slivers of ``Ac``, then fits a 48 KiB L1 (32 KiB of it). On an Intel Xeon with AVX-512
+#: (48 KiB L1d, 2 MiB L2, 2 threads) eighteen of ResNet-50's blis layers took 0.941x the time in
+#: geomean (0.76-1.07 per layer; the micro-kernel alone 218 against 155 GFLOP/s on one core); on
+#: Zen 5, KC 128-704 had been within 3% (docs/benchmarks.md, sessions 27 and 39).
 _BLIS_BLOCKING = {
-    ("avx512", "float32"): BlisBlocking(MC=96, KC=384, NC=1024, MR=6, NR=64),
+    ("avx512", "float32"): BlisBlocking(MC=96, KC=128, NC=1024, MR=6, NR=64),
     ("avx512", "float64"): BlisBlocking(MC=96, KC=256, NC=1024, MR=6, NR=32),
     ("avx2", "float32"): BlisBlocking(MC=192, KC=512, NC=1024, MR=3, NR=32),
     ("avx2", "float64"): BlisBlocking(MC=96, KC=256, NC=512, MR=3, NR=16),
