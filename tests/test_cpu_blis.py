@@ -242,6 +242,73 @@ def test_strided_rows_with_table_blocking(stride, dtype, rng):
     _check(problem, blis.run(problem, x, w, b), x, w, b)
 
 
+#: Panels two 64-byte gathers wide for float32 (NR = 16) and float64 (NR = 16 = two of 8 lanes).
+GATHERED = BlisBlocking(MC=6, KC=7, NC=32, MR=3, NR=16)
+#: The edge cases packed by the general routine (not the linear or pointwise ones), all narrower
+#: than ``blis_gather_below_width``.
+GATHER_CASES = [c for c in EDGE_CASES if not ("linear" in c or c.startswith("pointwise-") and "read-pad" not in c)]
+
+
+def _pack_both_ways():
+    from numba import njit
+
+    from convlib.cpu.packing import cut_into_runs, fill_zeros_over, pack_b_by_gathers, pack_tap_by_rows, tabulate_taps
+
+    @njit
+    def pack_both(x, geo, NC, KC, NR, taps, runs, by_rows, by_gathers, mismatches):
+        H, W, P, Q = geo.height, geo.width, geo.out_h, geo.out_w
+        image = geo.channels * H * W
+        PQ = P * Q
+        Cg = geo.channels // geo.groups
+        for g in range(geo.groups):
+            for jc in range(0, geo.gemm_n, NC):
+                nc = min(NC, geo.gemm_n - jc)
+                for pc in range(0, geo.gemm_k, KC):
+                    kc = min(KC, geo.gemm_k - pc)
+                    by_rows[:] = np.nan
+                    by_gathers[:] = np.nan
+                    tabulate_taps(geo, g * Cg, pc, kc, taps)
+                    n = jc // PQ
+                    pq = jc - n * PQ
+                    for panel_start in range(0, nc, NR):
+                        width = min(NR, nc - panel_start)
+                        n_runs, n, pq = cut_into_runs(runs, n, pq, width, PQ, Q, image, False)
+                        for p in range(kc):
+                            dst = panel_start * kc + p * NR
+                            pack_tap_by_rows(x, H, W, geo.stride_h, geo.stride_w, taps[p], runs, n_runs, by_rows, dst)
+                            if width < NR:
+                                fill_zeros_over(by_rows, dst + width, NR - width)
+                    pack_b_by_gathers(x, geo, image, jc, nc, kc, NR, taps, by_gathers)
+                    used = (nc + NR - 1) // NR * NR * kc
+                    for i in range(used):
+                        if not by_rows[i] == by_gathers[i]:  # NaN: not written
+                            mismatches += 1
+        return mismatches
+
+    return pack_both
+
+
+@pytest.mark.skipif(isa.simd_bytes() < 64, reason="B is packed by gathers only where the machine has 64-byte vectors")
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", GATHER_CASES)
+def test_panels_packed_by_gathers_are_the_panels_packed_by_rows(case, dtype, rng):
+    """Every element of every panel, the padding and the columns past the last pixel included,
+    is what the by-rows routine writes; and the whole convolution packed so is right."""
+    problem = _problem(case, dtype)
+    assert problem.Q < tables.KNOBS.blis_gather_below_width
+    x, w, b = random_arrays(rng, problem)
+    geo = blis.geometry_of(problem)
+    B = GATHERED
+    size = B.KC * B.NC + 64
+    taps = np.zeros((B.KC, packing.TAP_COLUMNS), np.int64)
+    runs = np.zeros((B.NR, packing.RUN_COLUMNS), np.int64)
+    mismatches = _pack_both_ways()(x.reshape(-1), geo, B.NC, B.KC, B.NR, taps, runs, np.empty(size, dtype),
+                                   np.empty(size, dtype), 0)
+    assert mismatches == 0
+    with KNOBS.override(blis_blocking=B):
+        _check(problem, blis.run(problem, x, w, b), x, w, b)
+
+
 def test_geometry_types_as_numba_would_type_it():
     # The registered shortcut must give the type numba's own tuple typing infers from the values
     # (else kernels would compile for a signature no caller reaches, or mistype a field).

@@ -516,6 +516,57 @@ def zero_row(dst, dst_start, count):
         for j in range(count):
             dst[dst_start + j] = 0
 
+# -- masked gathers for packing from the image ------------------------------------------------
+class _VectorGEP(ir.instructions.Instruction):
+    """``getelementptr elem, elem* base, <L x i32> index``: a vector of ``L`` pointers (llvmlite's
+    own ``gep`` types scalar indices only). Written out by hand; LLVM turns ``base + sext(i32
+    index)`` feeding a gather into one ``vgatherdps`` with 32-bit indices."""
+
+    def __init__(self, parent, base, element, index):
+        super().__init__(parent, ir.VectorType(element.as_pointer(), index.type.count), "getelementptr",
+                         [base, index])
+        self.element = element
+
+    def descr(self, buf):
+        base, index = self.operands
+        buf.append(f"getelementptr {self.element}, {base.type} {base.get_reference()}, "
+                   f"{index.type} {index.get_reference()}\n")
+
+
+@intrinsic
+def gather_vector(typingctx, dst, dst_index, src, src_base, offsets, offsets_index, mask, lanes):
+    """``dst[dst_index + l] = src[src_base + offsets[offsets_index + l]]`` for the lanes ``l <
+    lanes`` whose bit ``l`` of ``mask`` is set, 0 for the others: one masked gather (AVX-512's
+    ``vgatherdps`` with 32-bit offsets) and one vector store. Masked-off lanes read nothing, so
+    their addresses may lie outside ``src`` (padding). ``offsets`` is an int32 array."""
+    L = _literal_lanes(lanes)
+    if L is None or not (isinstance(offsets, types.Array) and offsets.dtype == types.int32):
+        return None
+
+    def codegen(context, builder, signature, args):
+        dst_t, src_t = signature.args[0], signature.args[2]
+        d, vec, align = _vector_at(context, builder, dst_t, args[0], args[1], L)
+        index_ptr, index_vec, _ = _vector_at(context, builder, signature.args[4], args[4], args[5], L)
+        index = builder.load(index_ptr, align=4)
+        src_data = context.make_array(src_t)(context, builder, args[2]).data
+        base = builder.gep(src_data, [context.cast(builder, args[3], signature.args[3], types.intp)])
+        pointers = _VectorGEP(builder.block, base, vec.element, index)
+        builder._insert(pointers)
+        bits = context.cast(builder, args[6], signature.args[6], types.uint64)
+        lane_bits = builder.trunc(bits, ir.IntType(L))
+        mask_vec = builder.bitcast(lane_bits, ir.VectorType(ir.IntType(1), L))
+        width = dst_t.dtype.bitwidth
+        gather = cgutils.get_or_insert_function(
+            builder.module,
+            ir.FunctionType(vec, [pointers.type, ir.IntType(32), mask_vec.type, vec]),
+            f"llvm.masked.gather.v{L}f{width}.v{L}p0f{width}")
+        value = builder.call(gather, [pointers, ir.Constant(ir.IntType(32), align), mask_vec, ir.Constant(vec, None)])
+        builder.store(value, d, align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_index, src, src_base, offsets, offsets_index, mask, lanes), codegen
+
+
 # -- whole-register runs for the Winograd transforms -------------------------------------------
 def lanes_per_register(dtype) -> int:
     """Elements of the numba ``dtype`` in the widest vector register (64 bytes with AVX-512): the V

@@ -15,7 +15,10 @@ image straight into ``Bc`` panels (implicit im2col: the column matrix is never b
   per-element padding test, no division in the inner loops (stride-2 columns: two vector loads,
   even lanes shuffled into one store). The vector moves may write up to one vector past a run;
   the panels are written in an order where that spill is always overwritten later, and ``Bc`` has
-  one vector of slack. 1x1 layers that read only inside the image have their own routines,
+  one vector of slack. With AVX-512 and output rows narrower than ``blis_gather_below_width``
+  (7x7 to 14x14 outputs: runs of 7-14 pixels, each costing its clipping and a partial vector),
+  :func:`pack_b_by_gathers` fills each panel row with masked 64-byte gathers instead, the
+  padding masked off. 1x1 layers that read only inside the image have their own routines,
   :func:`pack_b_pointwise` (stride 1: a GEMM's packing) and :func:`pack_b_pointwise_strided`,
   which pack blocks of :data:`POINTWISE_TAP_BLOCK` taps at a time so that few channel streams
   are read at once.
@@ -31,7 +34,8 @@ from numba.extending import overload
 
 from .codegen import PER_ROW, exec_function, render
 from .clipping import positions_inside
-from .intrinsics import copy_vector, copy_vector_stride2, vector_lanes, zero_vector
+from .intrinsics import copy_vector, copy_vector_stride2, gather_vector, vector_lanes, zero_vector
+from .isa import simd_bytes
 from .tables import KNOBS
 
 #: Taps packed together by :func:`pack_b_pointwise`: that many channel streams read at once
@@ -104,10 +108,10 @@ def copy_run_over(src, src_start, src_step, dst, dst_start, count):
 
 
 #: Columns of the per-tap table of pack_b_from_image: the tap's channel plane, input row and
-#: column offsets, and the output columns [q_lo, q_hi) and rows [p_lo, p_hi) that read inside
-#: the image.
-TAP_PLANE, TAP_ROW_OFFSET, TAP_COL_OFFSET, TAP_Q_LO, TAP_Q_HI, TAP_P_LO, TAP_P_HI = range(7)
-TAP_COLUMNS = 7
+#: column offsets, the output columns [q_lo, q_hi) and rows [p_lo, p_hi) that read inside
+#: the image, and the tap's filter row and column (r, s).
+TAP_PLANE, TAP_ROW_OFFSET, TAP_COL_OFFSET, TAP_Q_LO, TAP_Q_HI, TAP_P_LO, TAP_P_HI, TAP_R, TAP_S = range(9)
+TAP_COLUMNS = 9
 #: Columns of the per-panel table of pixel runs of pack_b_from_image: the image's offset in x,
 #: the output row and column of the run's first pixel, its length.
 RUN_IMAGE, RUN_ROW, RUN_COL, RUN_LENGTH = range(4)
@@ -152,6 +156,9 @@ def pack_b_from_image(
         return
     linear = packs_linear(sh, sw, W, Q, NR)
     tabulate_taps(geo, channel0, pc, kc, taps)
+    if not linear and packs_by_gathers(geo, NR, gather_lanes(Bc)):
+        pack_b_by_gathers(x, geo, image, jc, nc, kc, NR, taps, Bc)
+        return
     n = jc // PQ
     pq = jc - n * PQ
     for panel_start in range(0, nc, NR):
@@ -191,6 +198,8 @@ def tabulate_taps(geo, channel0, first, count, taps):
         # Output columns q whose input column q*sw + col_off lies inside [0, W), rows likewise.
         taps[p, TAP_Q_LO], taps[p, TAP_Q_HI] = positions_inside(col_off, geo.stride_w, W, Q)
         taps[p, TAP_P_LO], taps[p, TAP_P_HI] = positions_inside(row_off, geo.stride_h, H, P)
+        taps[p, TAP_R] = r
+        taps[p, TAP_S] = s
         s += 1
         if s == geo.filter_w:
             s = 0
@@ -206,6 +215,93 @@ def packs_linear(sh, sw, W, Q, NR):
     input address is linear in the pixel index: stride 1 along rows and ``W == Q``). Worth it
     when a panel holds several output rows; otherwise the per-row clipping is cheaper."""
     return sw == 1 and sh * W == Q and Q < NR
+
+
+#: Output rows narrower than this are packed by gathers where the machine has 64-byte ones
+#: (a compile-time knob of :data:`convlib.cpu.tables.KNOBS`; see :func:`packs_by_gathers`).
+GATHER_BELOW_WIDTH = KNOBS.blis_gather_below_width
+
+
+def gather_lanes(array):
+    """Lanes of one masked gather for ``array``'s dtype (a 64-byte vector), or 0 where packing
+    does not gather (below AVX-512). Compile-time constant; jitted code only."""
+    raise NotImplementedError("gather_lanes is called from numba-compiled code only")
+
+
+@overload(gather_lanes)
+def _gather_lanes_overload(array):
+    lanes = 64 // (array.dtype.bitwidth // 8) if simd_bytes() >= 64 else 0
+    return lambda array: lanes
+
+
+@njit(cache=True, inline="always")
+def packs_by_gathers(geo, NR, lanes):
+    """Whether :func:`pack_b_from_image` packs by gathers: the machine gathers 64-byte vectors
+    (``lanes``), they tile a panel, the runs of one output row are short (each costs the
+    by-rows routine its clipping and a partial vector), and a panel's offsets from its first
+    image fit 32 bits."""
+    span = min(NR, geo.batch) * geo.channels * geo.height * geo.width
+    return lanes > 0 and NR % lanes == 0 and geo.out_w < GATHER_BELOW_WIDTH and span < 2**31
+
+
+@njit(cache=True, inline="always")
+def pack_b_by_gathers(x, geo, image, jc, nc, kc, NR, taps, Bc):
+    """:func:`pack_b_from_image` by masked gathers, one 64-byte vector of a panel row at a time.
+
+    Per panel, the offset of each pixel's input (tap ``(0, 0)`` of channel 0) from the panel's
+    first image, and per filter row ``r`` and column ``s`` a bit mask of the pixels whose input
+    row (column) lies inside the image; a tap's row of the panel is then ``x[base + offset]``
+    under the mask ``rows[r] & cols[s]``, 0 in the padding. No run is cut, clipped or
+    zero-filled: on 7x7 to 28x28 outputs (runs of 7-28 pixels) the by-rows routine spent 2-3
+    cycles an element on that.
+    """
+    H, W, P, Q = geo.height, geo.width, geo.out_h, geo.out_w
+    sh, sw = geo.stride_h, geo.stride_w
+    R, S = geo.filter_h, geo.filter_w
+    PQ = P * Q
+    lanes = gather_lanes(Bc)
+    vectors = NR // lanes
+    offsets = np.empty(NR, np.int32)
+    rows = np.empty((R, vectors), np.int64)
+    cols = np.empty((S, vectors), np.int64)
+    n = jc // PQ
+    pq = jc - n * PQ
+    for panel_start in range(0, nc, NR):
+        width = min(NR, nc - panel_start)
+        n0 = n
+        rows[:, :] = 0
+        cols[:, :] = 0
+        oh = pq // Q
+        ow = pq - oh * Q
+        for j in range(NR):
+            if j >= width:
+                offsets[j] = 0  # masked off: the columns past nc are zero
+                continue
+            offsets[j] = (n - n0) * image + oh * sh * W + ow * sw
+            v, bit = j // lanes, np.int64(1) << (j % lanes)
+            for r in range(R):
+                ih = oh * sh + r * geo.dil_h - geo.pad_top
+                if ih >= 0 and ih < H:
+                    rows[r, v] |= bit
+            for t in range(S):
+                iw = ow * sw + t * geo.dil_w - geo.pad_left
+                if iw >= 0 and iw < W:
+                    cols[t, v] |= bit
+            ow += 1
+            if ow == Q:
+                ow = 0
+                oh += 1
+                if oh == P:
+                    oh = 0
+                    n += 1
+        pq = oh * Q + ow
+        base0 = n0 * image
+        for p in range(kc):
+            dst = panel_start * kc + p * NR
+            base = base0 + taps[p, TAP_PLANE] + taps[p, TAP_ROW_OFFSET] * W + taps[p, TAP_COL_OFFSET]
+            r, t = taps[p, TAP_R], taps[p, TAP_S]
+            for v in range(vectors):
+                gather_vector(Bc, dst + v * lanes, x, base, offsets, v * lanes, rows[r, v] & cols[t, v], lanes)
 
 
 @njit(cache=True, inline="always")

@@ -88,13 +88,13 @@ class BlisBlocking:
         """Bytes of the packed panels for ``problem``: O(MC*KC + KC*NC), whatever N, H, W are.
 
         Every thread owns an ``Ac`` (mc x kc), a ``Bc`` (kc x nc, plus :data:`VECTOR_SLACK_BYTES`),
-        an MR x NR edge tile and two int64 tables for the packing of B, kc x 7 (taps) and NR x 4
+        an MR x NR edge tile and two int64 tables for the packing of B, kc x 9 (taps) and NR x 4
         (pixel runs); see :mod:`convlib.cpu.blis` for why the threads share nothing. ``mc`` and
         ``nc`` are one thread's share of an ``m_parts x n_parts`` grid (:meth:`panel_sizes`).
         """
         mc, kc, nc = self.panel_sizes(problem, m_parts, n_parts)
         per_thread = (mc * kc + kc * nc + self.MR * self.NR) * problem.itemsize
-        per_thread += VECTOR_SLACK_BYTES + (kc * 7 + self.NR * 4) * 8
+        per_thread += VECTOR_SLACK_BYTES + (kc * 9 + self.NR * 4) * 8
         return threads * per_thread
 
 
@@ -304,6 +304,10 @@ KNOBS = KnobTable("cpu", [
          "512 0.890, 1024 0.881; Zen 4: 512 5-15% faster than 128 on 15 layers)"),
     Knob("blis_pointwise_tap_block", 16, "taps (channel streams) packed together by the pointwise packing "
          "routines", compile_time=True),
+    Knob("blis_gather_below_width", 24, "with AVX-512, B is packed from the image by masked gathers when the "
+         "output rows are narrower than this (runs of one row cost their clipping and a partial vector each): "
+         "one thread, Intel Xeon, 0.35-0.39 ns an element whatever the width, against 0.86-0.89 by rows on 7-wide "
+         "rows, 0.55 on 14, 0.36 on 28 and 0.20-0.23 on 56-112", compile_time=True),
     # -- direct ----------------------------------------------------------------------------
     Knob("direct_blockings", _DIRECT_BLOCKINGS, "candidate register blocks of direct "
          "(DirectBlocking rows), per loop-vectoriser width and dtype", keyed_by=("isa", "dtype")),
