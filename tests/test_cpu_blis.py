@@ -201,6 +201,23 @@ def test_micro_kernel_source_unrolls_rows_and_vectors():
     assert "ap + 3," not in source and "bp + 32," not in source
 
 
+def test_micro_kernel_fmas_go_rows_outer_where_the_registers_allow():
+    # 6x64 in zmm: 24 accumulators + 4 vectors of B + 1 broadcast fit 32 registers, rows outer;
+    # 3x32 in ymm (AVX2's 16 registers): 12 + 4 + 1 would not, vectors outer (12 + 3 + 1 do).
+    assert micro_kernels.fma_rows_outer(6, 64, 16, registers=32)
+    assert micro_kernels.fma_rows_outer(14, 32, 16, registers=32)
+    assert not micro_kernels.fma_rows_outer(3, 32, 8, registers=16)
+    assert not micro_kernels.fma_rows_outer(12, 32, 16, registers=16)
+    source = micro_kernels.render_micro_kernel(6, 64, 16)
+    fmas = [line.strip() for line in source.splitlines() if line.strip().startswith("vector_fma(")]
+    rows = [int(line.split("ap + ")[1].split(",")[0]) for line in fmas]
+    assert len(fmas) == 24
+    if micro_kernels.fma_rows_outer(6, 64, 16):
+        assert rows == sorted(rows)  # each row's four FMAs together
+    else:
+        assert rows[:6] == list(range(6))  # each vector's six rows together
+
+
 def test_columns_micro_kernel_source_has_a_body_per_vector_count():
     source = micro_kernels.render_columns_micro_kernel(3, 32, 8)
     for v in (1, 2, 3, 4):

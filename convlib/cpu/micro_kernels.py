@@ -101,15 +101,45 @@ def micro_kernel_lanes(MR: int, NR: int, itemsize: int) -> int:
     return lanes
 
 
+#: The reduction step's FMA line, as the templates have it (vector by vector, rows inside).
+_FMA_LINE = "vector_fma(acc, {o}, a, ap + {i}, b, bp + {j}, {L})  "
+
+
+def vector_registers() -> int:
+    """Vector registers of :func:`~convlib.cpu.isa.host_isa`: 32 with AVX-512, 16 below."""
+    return 32 if simd_bytes() >= 64 else 16
+
+
+def fma_rows_outer(MR: int, NR: int, L: int, registers: int | None = None) -> bool:
+    """Whether the reduction step's FMAs go row by row (each broadcast of A serves its row's
+    ``NR/L`` FMAs and is dropped: ``MR*NR/L`` accumulators, the ``NR/L`` vectors of B and one
+    broadcast live) rather than vector by vector (each vector of B serves the ``MR`` rows: the
+    ``MR`` broadcasts stay live). LLVM keeps the order it is given: the one whose live registers
+    fit ``registers`` without spilling, rows outer where both do. On an Intel Xeon (AVX-512, one
+    core, panels in L1) rows outer ran 6x64 at 218 GFLOP/s against 176, and 12x32, 14x32 and 8x48
+    at 199-228 against 97-162 (they spilled vector by vector); AVX2's 3x32 needs vectors outer
+    (12 + 3 + 1 of 16 ymm registers; rows outer would need 17)."""
+    vectors = NR // L
+    registers = vector_registers() if registers is None else registers
+    return MR * vectors + vectors + 1 <= registers
+
+
+def _in_fma_order(template: str, MR: int, NR: int, L: int) -> str:
+    if not fma_rows_outer(MR, NR, L):
+        return template
+    return template.replace(_FMA_LINE + PER_VECTOR_ROW, _FMA_LINE + PER_ROW_VECTOR)
+
+
 def render_micro_kernel(MR: int, NR: int, L: int, NB: int | None = None) -> str:
     """Source of the ``MR x NR`` micro-kernel with ``L``-lane vectors, reading the first ``NR``
-    columns of B panels ``NB`` (default ``NR``) wide."""
-    return render(_MICRO_KERNEL_TEMPLATE, MR, NR, L, NB=NR if NB is None else NB)
+    columns of B panels ``NB`` (default ``NR``) wide; its FMAs in the order of
+    :func:`fma_rows_outer`."""
+    return render(_in_fma_order(_MICRO_KERNEL_TEMPLATE, MR, NR, L), MR, NR, L, NB=NR if NB is None else NB)
 
 
 def render_split_micro_kernel(MR: int, NR: int, L: int) -> str:
     """Source of the ``MR x NR`` micro-kernel whose tile continues in the next image."""
-    return render(_SPLIT_MICRO_KERNEL_TEMPLATE, MR, NR, L, NB=NR)
+    return render(_in_fma_order(_SPLIT_MICRO_KERNEL_TEMPLATE, MR, NR, L), MR, NR, L, NB=NR)
 
 
 def render_columns_micro_kernel(MR: int, NR: int, L: int) -> str:
