@@ -50,3 +50,16 @@ def exec_function(source: str, name: str, namespace: dict, origin: str):
     namespace = dict(namespace)
     exec(compile(source, f"<convlib {origin} {name}>", "exec"), namespace)
     return namespace[name]
+
+
+def with_fma_rows_outer(template: str) -> str:
+    """``template`` with its FMA lines (``vector_fma(...)`` marked ``#: per vector, row``) repeated
+    row by row instead: each broadcast's FMAs together (see
+    :func:`convlib.cpu.micro_kernels.fma_rows_outer` for when that pays)."""
+    lines = []
+    for line in template.splitlines(keepends=True):
+        if line.strip().startswith("vector_fma(") and line.rstrip("\n").endswith(PER_VECTOR_ROW):
+            line = line.replace(PER_VECTOR_ROW, PER_ROW_VECTOR)
+        lines.append(line)
+    return "".join(lines)
+

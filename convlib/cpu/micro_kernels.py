@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from .codegen import PER_ROW, PER_ROW_VECTOR, PER_VECTOR_ROW, exec_function, render
+from .codegen import PER_ROW, PER_ROW_VECTOR, PER_VECTOR_ROW, exec_function, render, with_fma_rows_outer
 from .intrinsics import (
     prefetch_for_write,
     vector_add_into,
@@ -101,10 +101,6 @@ def micro_kernel_lanes(MR: int, NR: int, itemsize: int) -> int:
     return lanes
 
 
-#: The reduction step's FMA line, as the templates have it (vector by vector, rows inside).
-_FMA_LINE = "vector_fma(acc, {o}, a, ap + {i}, b, bp + {j}, {L})  "
-
-
 def vector_registers() -> int:
     """Vector registers of :func:`~convlib.cpu.isa.host_isa`: 32 with AVX-512, 16 below."""
     return 32 if simd_bytes() >= 64 else 16
@@ -124,22 +120,22 @@ def fma_rows_outer(MR: int, NR: int, L: int, registers: int | None = None) -> bo
     return MR * vectors + vectors + 1 <= registers
 
 
-def _in_fma_order(template: str, MR: int, NR: int, L: int) -> str:
-    if not fma_rows_outer(MR, NR, L):
-        return template
-    return template.replace(_FMA_LINE + PER_VECTOR_ROW, _FMA_LINE + PER_ROW_VECTOR)
+def in_fma_order(template: str, MR: int, NR: int, L: int) -> str:
+    """``template`` (a register tile's, its FMA lines vector by vector) in the order of
+    :func:`fma_rows_outer` for an ``MR x NR`` tile of ``L``-lane vectors."""
+    return with_fma_rows_outer(template) if fma_rows_outer(MR, NR, L) else template
 
 
 def render_micro_kernel(MR: int, NR: int, L: int, NB: int | None = None) -> str:
     """Source of the ``MR x NR`` micro-kernel with ``L``-lane vectors, reading the first ``NR``
     columns of B panels ``NB`` (default ``NR``) wide; its FMAs in the order of
     :func:`fma_rows_outer`."""
-    return render(_in_fma_order(_MICRO_KERNEL_TEMPLATE, MR, NR, L), MR, NR, L, NB=NR if NB is None else NB)
+    return render(in_fma_order(_MICRO_KERNEL_TEMPLATE, MR, NR, L), MR, NR, L, NB=NR if NB is None else NB)
 
 
 def render_split_micro_kernel(MR: int, NR: int, L: int) -> str:
     """Source of the ``MR x NR`` micro-kernel whose tile continues in the next image."""
-    return render(_in_fma_order(_SPLIT_MICRO_KERNEL_TEMPLATE, MR, NR, L), MR, NR, L, NB=NR)
+    return render(in_fma_order(_SPLIT_MICRO_KERNEL_TEMPLATE, MR, NR, L), MR, NR, L, NB=NR)
 
 
 def render_columns_micro_kernel(MR: int, NR: int, L: int) -> str:
