@@ -7,7 +7,7 @@ and spilled them), and the packing routines move short runs that a plain loop sp
 scalar remainder. None of these intrinsics checks bounds: callers keep their indices inside the
 arrays (or inside the slack they allocated for it).
 
-Three families:
+Four families:
 
 * ``lanes``-wide vectors (a literal argument) for the micro-kernels: :func:`vector_zero`,
   :func:`vector_fma`, :func:`vector_fma_lanes`, :func:`vector_sum`, :func:`vector_add_into`,
@@ -17,7 +17,8 @@ Three families:
 * 32-byte vectors for the packing routines: :func:`copy_vector`, :func:`copy_vector_stride2`,
   :func:`deinterleave_vector`, :func:`zero_vector`, :func:`copy_row` and :func:`vector_lanes` (elements per 32 bytes, a compile-time constant);
 * whole registers of the widest kind for Winograd's input transform: :func:`deinterleave_run` and
-  :func:`register_lanes` (elements per register, a compile-time constant).
+  :func:`register_lanes` (elements per register, a compile-time constant);
+* masked 64-byte gathers for packing B from the image with AVX-512: :func:`gather_vector`.
 """
 
 from __future__ import annotations
