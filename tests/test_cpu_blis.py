@@ -125,13 +125,24 @@ def test_thread_split_weighs_packing_from_the_image():
 def test_packing_cost_counts_the_runs():
     """Each tap copies a run of pixels at a time: short output rows cost more per element (7x7
     outputs of a stride-2 layer, where splitting the rows makes both threads pack all of B, are
-    split by columns), linear packing (whole images of a 'same' layer) less."""
+    split by columns), linear packing (whole images of a 'same' layer) less; gathered rows
+    (AVX-512) cost the same whatever their width."""
     b = BlisBlocking(MC=96, KC=384, NC=1024, MR=6, NR=64)
     short = ConvProblem(8, 512, 14, 14, 512, 3, 3, stride=(2, 2), padding=(1, 1, 1, 1))
     long = ConvProblem(8, 128, 56, 56, 128, 3, 3, stride=(2, 2), padding=(1, 1, 1, 1))
     linear = ConvProblem(8, 512, 7, 7, 512, 3, 3, padding=(1, 1, 1, 1))
-    assert blis.image_pack_cost(short, 64) > blis.image_pack_cost(long, 64) > blis.image_pack_cost(linear, 64)
-    assert blis.thread_split(short, b, 2) == (1, 2)
+    assert blis.image_pack_cost(long, 64) > blis.image_pack_cost(linear, 64)
+    by_rows_7 = KNOBS.blis_image_pack_cost_flops + KNOBS.blis_image_pack_run_cost_flops / 7
+    if packing.host_gather_lanes(4):
+        # AVX-512 gathers the 7-wide rows: a flat cost per element, cheap enough for both threads
+        # to pack all of B; at the by-rows cost the columns would be split.
+        assert blis.image_pack_cost(short, 64) == KNOBS.blis_gather_pack_cost_flops < by_rows_7
+        assert blis.thread_split(short, b, 2) == (2, 1)
+        with KNOBS.override(blis_gather_pack_cost_flops=by_rows_7):
+            assert blis.thread_split(short, b, 2) == (1, 2)
+    else:
+        assert blis.image_pack_cost(short, 64) == by_rows_7 > blis.image_pack_cost(long, 64)
+        assert blis.thread_split(short, b, 2) == (1, 2)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -62,7 +62,10 @@ from ..core.problem import ConvProblem
 from .micro_kernels import (
     ACCUMULATE, STORE, STORE_WITH_BIAS, micro_kernel, micro_kernel_columns, micro_kernel_split, store_edge_tile,
 )
-from .packing import RUN_COLUMNS, TAP_COLUMNS, pack_a_from_filters, pack_b_from_image, packs_linear
+from .packing import (
+    GATHERS, RUN_COLUMNS, TAP_COLUMNS, host_gather_lanes, pack_a_from_filters, pack_b_from_image, packing_route,
+    packs_linear,
+)
 from .tables import KNOBS, VECTOR_SLACK_BYTES, BlisBlocking, blis_blocking
 from .threads import thread_count
 
@@ -189,8 +192,12 @@ def blis_kernel(MR: int, NR: int):
 def image_pack_cost(problem: ConvProblem, NR: int) -> float:
     """FLOP-equivalents of packing one element of B from the image: a cost per element and one per
     run of pixels that a tap copies at once (an output row; a panel's pixels of one image when the
-    packing is linear), spread over the run's elements."""
+    packing is linear), spread over the run's elements; a flat cost per element where the panels
+    are gathered (:func:`~convlib.cpu.packing.packs_by_gathers`), which cuts no runs."""
     p = problem
+    lanes = host_gather_lanes(np.dtype(p.dtype).itemsize)
+    if packing_route(geometry_of(p), NR, lanes) == GATHERS:
+        return KNOBS.blis_gather_pack_cost_flops
     run = min(NR, p.P * p.Q) if packs_linear(*p.stride, p.W, p.Q, NR) else min(NR, p.Q)
     return KNOBS.blis_image_pack_cost_flops + KNOBS.blis_image_pack_run_cost_flops / run
 

@@ -145,18 +145,17 @@ def pack_b_from_image(
     image = geo.channels * plane
     PQ = P * Q
     channel0 = group * (geo.channels // geo.groups)
-    if (geo.filter_h == 1 and geo.filter_w == 1 and sh == 1 and sw == 1
-            and geo.pad_top == 0 and geo.pad_left == 0 and PQ == plane):
+    route = packing_route(geo, NR, gather_lanes(Bc))
+    if route == POINTWISE:
         pack_b_pointwise(x, image, plane, channel0 + pc, jc, nc, kc, NR, Bc)
         return
-    if (geo.filter_h == 1 and geo.filter_w == 1 and geo.pad_top == 0 and geo.pad_left == 0
-            and (P - 1) * sh < H and (Q - 1) * sw < W):
+    if route == POINTWISE_STRIDED:
         pack_b_pointwise_strided(x, image, plane, W, P, Q, sh, sw, channel0 + pc, jc, nc, kc, NR,
                                  runs, Bc)
         return
-    linear = packs_linear(sh, sw, W, Q, NR)
+    linear = route == LINEAR
     tabulate_taps(geo, channel0, pc, kc, taps)
-    if not linear and packs_by_gathers(geo, NR, gather_lanes(Bc)):
+    if route == GATHERS:
         pack_b_by_gathers(x, geo, image, jc, nc, kc, NR, taps, Bc)
         return
     n = jc // PQ
@@ -230,8 +229,40 @@ def gather_lanes(array):
 
 @overload(gather_lanes)
 def _gather_lanes_overload(array):
-    lanes = 64 // (array.dtype.bitwidth // 8) if simd_bytes() >= 64 else 0
+    lanes = host_gather_lanes(array.dtype.bitwidth // 8)
     return lambda array: lanes
+
+
+#: How :func:`pack_b_from_image` packs a problem (:func:`packing_route`).
+POINTWISE, POINTWISE_STRIDED, LINEAR, GATHERS, BY_ROWS = range(5)
+
+
+@njit(cache=True)
+def packing_route(geo, NR, lanes):
+    """Which routine :func:`pack_b_from_image` packs ``geo``'s B with, for panels ``NR`` wide
+    and gathers of ``lanes`` (0: none): :data:`POINTWISE` (1x1, stride 1, unpadded: a GEMM's
+    packing), :data:`POINTWISE_STRIDED` (1x1 reading only inside the image), :data:`LINEAR`
+    (runs of whole images, :func:`packs_linear`), :data:`GATHERS` (:func:`packs_by_gathers`) or
+    :data:`BY_ROWS`. Callable from Python too (the thread split weighs the cost of each)."""
+    H, W, P, Q = geo.height, geo.width, geo.out_h, geo.out_w
+    sh, sw = geo.stride_h, geo.stride_w
+    if (geo.filter_h == 1 and geo.filter_w == 1 and sh == 1 and sw == 1
+            and geo.pad_top == 0 and geo.pad_left == 0 and P * Q == H * W):
+        return POINTWISE
+    if (geo.filter_h == 1 and geo.filter_w == 1 and geo.pad_top == 0 and geo.pad_left == 0
+            and (P - 1) * sh < H and (Q - 1) * sw < W):
+        return POINTWISE_STRIDED
+    if packs_linear(sh, sw, W, Q, NR):
+        return LINEAR
+    if packs_by_gathers(geo, NR, lanes):
+        return GATHERS
+    return BY_ROWS
+
+
+def host_gather_lanes(itemsize: int) -> int:
+    """:func:`gather_lanes` from Python: elements of ``itemsize`` bytes per 64-byte gather, or 0
+    below AVX-512."""
+    return 64 // itemsize if simd_bytes() >= 64 else 0
 
 
 @njit(cache=True, inline="always")

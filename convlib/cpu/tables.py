@@ -283,6 +283,10 @@ KNOBS = KnobTable("cpu", [
     Knob("blis_image_pack_run_cost_flops", 1300, "... plus this much per run of pixels a tap copies at once, "
          "spread over the run (Zen 5, one thread, 0.21-0.31 ns per element on 28-pixel rows, 0.49 on 14, 0.82 "
          "on 7: ResNet-50's s5 3x3/2 and s4 1x1/2 layers then split by columns, 0.95x and 0.93x the time)"),
+    Knob("blis_gather_pack_cost_flops", 90, "cost of packing one element of B by gathers (AVX-512, output rows "
+         "narrower than blis_gather_below_width), per element whatever the rows: 0.35-0.39 ns on an Intel Xeon, "
+         "as by rows on 28-pixel rows (40 + 1300/28). ResNet-50's s5 3x3/2 then splits by rows on two threads, "
+         "0.933x the time of the column split"),
     Knob("blis_weight_dot_tile", {"avx512": (4, 6), "avx2": (2, 6)}, "(MR, NT) of the backward weight pass's "
          "inner-product micro-kernel per ISA: MR*NT vector accumulators + MR + 1 registers (29 of 32 zmm; "
          "15 of 16 ymm)", keyed_by=("isa",)),
