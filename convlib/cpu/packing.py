@@ -145,7 +145,7 @@ def pack_b_from_image(
     image = geo.channels * plane
     PQ = P * Q
     channel0 = group * (geo.channels // geo.groups)
-    route = packing_route(geo, NR, gather_lanes(Bc))
+    route = packing_route(geo, NR, packing_gather_lanes(Bc))
     if route == POINTWISE:
         pack_b_pointwise(x, image, plane, channel0 + pc, jc, nc, kc, NR, Bc)
         return
@@ -222,13 +222,26 @@ GATHER_BELOW_WIDTH = KNOBS.blis_gather_below_width
 
 
 def gather_lanes(array):
-    """Lanes of one masked gather for ``array``'s dtype (a 64-byte vector), or 0 where packing
-    does not gather (below AVX-512). Compile-time constant; jitted code only."""
+    """Lanes of one masked 64-byte gather for ``array``'s dtype. Compile-time constant; jitted
+    code only. (:func:`pack_b_by_gathers` is compiled on every machine; it runs where
+    :func:`packing_gather_lanes` is not 0.)"""
     raise NotImplementedError("gather_lanes is called from numba-compiled code only")
 
 
 @overload(gather_lanes)
 def _gather_lanes_overload(array):
+    lanes = 64 // (array.dtype.bitwidth // 8)
+    return lambda array: lanes
+
+
+def packing_gather_lanes(array):
+    """:func:`gather_lanes` where packing gathers (AVX-512), else 0: what :func:`packing_route`
+    is given. Compile-time constant; jitted code only."""
+    raise NotImplementedError("packing_gather_lanes is called from numba-compiled code only")
+
+
+@overload(packing_gather_lanes)
+def _packing_gather_lanes_overload(array):
     lanes = host_gather_lanes(array.dtype.bitwidth // 8)
     return lambda array: lanes
 
