@@ -149,8 +149,8 @@ class DirectBlocking:
 #: AVX-512's KC=128 (from 384): the micro-kernel's ``KC x NR`` sliver of ``Bc``, reused across the
 #: MC/MR slivers of ``Ac``, then fits a 48 KiB L1 (32 KiB of it). On an Intel Xeon with AVX-512
 #: (48 KiB L1d, 2 MiB L2, 2 threads) eighteen of ResNet-50's blis layers took 0.941x the time in
-#: geomean (0.76-1.07 per layer; the micro-kernel alone 218 against 155 GFLOP/s on one core); on
-#: Zen 5, KC 128-704 had been within 3% (docs/benchmarks.md, sessions 27 and 39).
+#: geomean (0.86-1.07 per layer; the micro-kernel alone 218 against 155 GFLOP/s on one core); on
+#: Zen 5, KC 128-704 had been within 3% (docs/benchmarks.md, "Zen 5 (AVX-512), 2026-11-27" and "session 39").
 _BLIS_BLOCKING = {
     ("avx512", "float32"): BlisBlocking(MC=96, KC=128, NC=1024, MR=6, NR=64),
     ("avx512", "float64"): BlisBlocking(MC=96, KC=256, NC=1024, MR=6, NR=32),
