@@ -63,8 +63,8 @@ from .micro_kernels import (
     ACCUMULATE, STORE, STORE_WITH_BIAS, micro_kernel, micro_kernel_columns, micro_kernel_split, store_edge_tile,
 )
 from .packing import (
-    GATHERS, RUN_COLUMNS, TAP_COLUMNS, host_gather_lanes, pack_a_from_filters, pack_b_from_image, packing_route,
-    packs_linear,
+    GATHERS, LINEAR, RUN_COLUMNS, TAP_COLUMNS, host_gather_lanes, pack_a_from_filters, pack_b_from_image,
+    packing_route,
 )
 from .tables import KNOBS, VECTOR_SLACK_BYTES, BlisBlocking, blis_blocking
 from .threads import thread_count
@@ -195,10 +195,10 @@ def image_pack_cost(problem: ConvProblem, NR: int) -> float:
     packing is linear), spread over the run's elements; a flat cost per element where the panels
     are gathered (:func:`~convlib.cpu.packing.packs_by_gathers`), which cuts no runs."""
     p = problem
-    lanes = host_gather_lanes(np.dtype(p.dtype).itemsize)
-    if packing_route(geometry_of(p), NR, lanes) == GATHERS:
+    route = packing_route(geometry_of(p), NR, host_gather_lanes(np.dtype(p.dtype).itemsize))
+    if route == GATHERS:
         return KNOBS.blis_gather_pack_cost_flops
-    run = min(NR, p.P * p.Q) if packs_linear(*p.stride, p.W, p.Q, NR) else min(NR, p.Q)
+    run = min(NR, p.P * p.Q) if route == LINEAR else min(NR, p.Q)
     return KNOBS.blis_image_pack_cost_flops + KNOBS.blis_image_pack_run_cost_flops / run
 
 

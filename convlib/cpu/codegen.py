@@ -62,4 +62,3 @@ def with_fma_rows_outer(template: str) -> str:
             line = line.replace(PER_VECTOR_ROW, PER_ROW_VECTOR)
         lines.append(line)
     return "".join(lines)
-

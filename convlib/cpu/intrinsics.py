@@ -547,7 +547,7 @@ def gather_vector(typingctx, dst, dst_index, src, src_base, offsets, offsets_ind
     def codegen(context, builder, signature, args):
         dst_t, src_t = signature.args[0], signature.args[2]
         d, vec, align = _vector_at(context, builder, dst_t, args[0], args[1], L)
-        index_ptr, index_vec, _ = _vector_at(context, builder, signature.args[4], args[4], args[5], L)
+        index_ptr, _, _ = _vector_at(context, builder, signature.args[4], args[4], args[5], L)
         index = builder.load(index_ptr, align=4)
         src_data = context.make_array(src_t)(context, builder, args[2]).data
         base = builder.gep(src_data, [context.cast(builder, args[3], signature.args[3], types.intp)])
