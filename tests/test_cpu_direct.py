@@ -51,7 +51,7 @@ def problem_for(name, dtype):
 
 #: Where the planes come from (module docstring): as the size decides ("in place" or "whole" for
 #: these small shapes), or gathered by every work item as for inputs past the last-level cache.
-SOURCES = {"by size": {}, "per item": {"direct_whole_input_max_bytes": 0}}
+SOURCES = {"by size": {}, "per item": {"direct_whole_input_max_bytes": 0, "direct_in_place_max_bytes": 0}}
 
 
 @pytest.mark.parametrize("source", list(SOURCES))
@@ -127,6 +127,16 @@ def test_workspace_is_what_is_allocated(monkeypatch):
             assert direct.workspace_bytes(big) <= threads * 2 * KNOBS.direct_l2_input_budget
     big = ConvProblem(16, 4, 4096, 4096, 4, 3, 3, padding=(1, 1, 1, 1))
     assert direct._planes(big, direct.choose_blocking(big)).source == "per item"
+    # A large unpadded input is read in place where the machine's limit allows (the tuner lifts it
+    # where that is faster), else gathered per item like the padded one.
+    unpadded = ConvProblem(16, 4, 4096, 4096, 4, 3, 3)
+    with KNOBS.override(direct_in_place_max_bytes=2**62):
+        assert direct._planes(unpadded, direct.choose_blocking(unpadded)).source == "in place"
+        assert direct.workspace_bytes(unpadded) == 0
+        # The padded input is still gathered: in place reads x itself, which has no padding.
+        assert direct._planes(big, direct.choose_blocking(big)).source == "per item"
+    with KNOBS.override(direct_in_place_max_bytes=0):
+        assert direct._planes(unpadded, direct.choose_blocking(unpadded)).source == "per item"
 
     # What is allocated is what is reported: the buffers run() asks numpy for.
     sizes = []

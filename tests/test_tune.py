@@ -115,6 +115,7 @@ def test_derived_knobs_follow_the_reported_caches():
     large = machine_derived_knobs({"L1d": 48 * 1024, "L2": 2 * 2**20, "L3": 96 * 2**20})
     assert large["direct_l2_input_budget"] == 4 * small["direct_l2_input_budget"]
     assert large["direct_stream_min_bytes"] == 48 * 2**20 == large["direct_whole_input_max_bytes"]
+    assert large["direct_in_place_max_bytes"] == 48 * 2**20
     assert small["direct_stream_min_bytes"] > 0  # no L3 reported: the fallback's
     assert large["depthwise_band_bytes"] > small["depthwise_band_bytes"]
     # KC follows L1 (never below 128: 32 and 48 KiB L1s both get AVX-512's 128).
@@ -216,6 +217,38 @@ def test_auto_thresholds_fit_what_was_measured(profile_env):
         assert [rule_choice(p, "cpu", c)[0] for p, c, _ in table] == ["depthwise", "depthwise", "direct"]
 
 
+class _PresetTimes:
+    """A measurer whose variants take the seconds given per label (the shapes' arrays are real)."""
+
+    def __init__(self, seconds: dict):
+        self.seconds = seconds
+        self.real = search.Measurer(repeats=1, max_seconds=0.0)
+
+    def time(self, shape, variants):
+        return {label: self.seconds[label] for label in variants}
+
+    def arrays(self, shape):
+        return self.real.arrays(shape)
+
+
+UNPADDED = ("3x3 2>2 64^2 unpadded", 1, 2, 64, 64, 2, 3, 3, 1, 0, 1)  # a 32 KiB input
+
+
+@pytest.mark.parametrize("in_place, per_item, limit, chosen", [
+    (0.8, 1.0, 2**20, search.IN_PLACE_ANY_SIZE),  # in place wins: at any size
+    (1.0, 0.8, 2**20, 16 * 1024),  # gathering wins on 32 KiB: from half of it
+    (1.0, 0.8, 8 * 1024, None),  # ... where the limit is already below it: unchanged
+    (1.0, 0.99, 2**20, None),  # within MIN_GAIN: unchanged
+])
+def test_in_place_search_follows_the_faster_way(in_place, per_item, limit, chosen):
+    found = search.Found()
+    with KNOBS.override(direct_in_place_max_bytes=limit):
+        search._search_in_place(_PresetTimes({"in place": in_place, "per item": per_item}), [UNPADDED], found)
+    assert found.knobs.get("direct_in_place_max_bytes") == chosen
+    assert found.record["direct in place"][0]["bytes"] == 2 * 64 * 64 * 4
+    assert "in place" in found.lines[0]
+
+
 def test_quick_auto_stage_times_every_algorithm_auto_can_pick():
     # The quick mode times only what auto's CPU rules can name; under every threshold value the
     # tuner tries, auto's pick among those must be its pick among every serving algorithm, or the
@@ -242,6 +275,7 @@ TINY = {
     "blis": (("3x3 16>24 12^2", 1, 16, 12, 12, 24, 3, 3, 1, 1, 1),),
     "direct": (("3x3 8>12 16^2", 1, 8, 16, 16, 12, 3, 3, 1, 1, 1),),
     "serial": (("3x3 2>2 8^2", 1, 2, 8, 8, 2, 3, 3, 1, 1, 1), ("3x3 2>2 64^2", 1, 2, 64, 64, 2, 3, 3, 1, 1, 1)),
+    "in place": (UNPADDED,),
     "winograd": (("3x3 8>8 12^2", 1, 8, 12, 12, 8, 3, 3, 1, 1, 1),),
     "depthwise": (("dw 3x3/2 16 10^2", 1, 16, 10, 10, 16, 3, 3, 2, 1, 16),),
     "auto": (("dw 3x3 8 20^2", 1, 8, 20, 20, 8, 3, 3, 1, 1, 8), ("3x3 8>16 10^2", 1, 8, 10, 10, 16, 3, 3, 2, 1, 1)),
@@ -256,7 +290,8 @@ def test_tune_writes_a_profile_that_the_next_process_uses(profile_env):
     assert KNOBS.profile() == result.knobs
     saved = cpu_profile.read_profile(result.path)
     assert saved["mode"] == "quick" and saved["machine"] == cpu_profile.machine_identity()
-    assert {"auto", "direct speeds", "winograd register tile", "depthwise ways"} <= set(saved["measurements"])
+    assert {"auto", "direct speeds", "direct in place", "winograd register tile", "depthwise ways"} <= set(
+        saved["measurements"])
     assert "tuned in" in result.report()
     # The kernels are compiled first, in worker processes, where two CPUs or more are ours.
     stages = list(result.stage_seconds)

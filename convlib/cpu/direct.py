@@ -8,16 +8,19 @@ plain shift: zero padding added, split into stride phases (plane ``(c, a, b)`` h
 In those planes output ``(p, q)`` and tap ``(c, r, s)`` read element
 ``(p + r*dh // sh, q + s*dw // sw)`` of plane ``(c, r*dh % sh, s*dw % sw)``: every stride,
 dilation and padding becomes stride 1. Where the planes come from depends on the input's size
-(knob ``direct_whole_input_max_bytes``, half the last-level cache):
+(knobs ``direct_in_place_max_bytes`` and ``direct_whole_input_max_bytes``, by default half the
+last-level cache):
 
-* ``"in place"``: stride 1, no padding and a small input: the planes are ``x`` itself;
+* ``"in place"``: stride 1, no padding and an input of at most ``direct_in_place_max_bytes``: the
+  planes are ``x`` itself;
 * ``"whole"``: a small input otherwise: :func:`gather_source_planes` builds the planes of every
   image once per call, in parallel, and every work item reads them from cache;
 * ``"per item"``: a large input: each work item gathers the rows it needs into a buffer of its
   thread (about ``direct_l2_input_budget``, see below) and reads them from L2 for every tap and
-  output channel. No copy of the tensor is made, the input is read once from memory, and a tight
-  copy loop streams it faster than the taps' loads would (N=8, C=K=4, 1024^2 unpadded on Zen 5:
-  10.3 against 12.5 ms in place).
+  output channel. No copy of the tensor is made, and the input is read once from memory. Whether
+  that pays for an unpadded input depends on the machine: the tight copy loop streamed it faster
+  than the taps' loads on Zen 5 (N=8, C=K=4, 1024^2: 10.3 against 12.5 ms in place), slower on a
+  Zen 4 (in place 0.89x the time); ``python -m convlib.tune`` measures both.
 
 Output positions are numbered along *wide rows* of pitch ``Ws``: position ``j = p*Ws + q``
 (columns ``q >= Q`` are computed and thrown away). Tap ``t = (c, r, s)`` reads
@@ -130,12 +133,12 @@ def _planes(problem, block: DirectBlocking) -> _Planes:
     halo = ((problem.R - 1) * dh) // sh
     Ws = Q + ((problem.S - 1) * dw) // sw
     wide_length = (P - 1) * Ws + Q
-    cached = KNOBS.direct_whole_input_max_bytes
     if (problem.stride == (1, 1) and not any(problem.padding) and wide_length >= QB
-            and problem.N * problem.C * problem.H * problem.W * problem.itemsize <= cached):
+            and problem.N * problem.C * problem.H * problem.W * problem.itemsize <= KNOBS.direct_in_place_max_bytes):
         return _Planes(phases_h, phases_w, halo, problem.W, "in place")  # Ws == W already
     planes = _Planes(phases_h, phases_w, halo, Ws, "whole")
-    if block.along == "positions" and planes.whole_elements(problem) * problem.itemsize <= cached:
+    if (block.along == "positions"
+            and planes.whole_elements(problem) * problem.itemsize <= KNOBS.direct_whole_input_max_bytes):
         return planes
     return _Planes(phases_h, phases_w, halo, Ws, "per item")
 

@@ -251,6 +251,7 @@ def machine_derived_knobs(caches: dict | None = None) -> dict:
         "direct_stream_min_bytes": last_level // 2,
         "winograd_register_tile": _WINOGRAD_REGISTER_TILE[host_isa()],
         "direct_whole_input_max_bytes": last_level // 2,
+        "direct_in_place_max_bytes": last_level // 2,
         "winograd_chunk_bytes": min(8 * 2**20, max(2 * 2**20, last_level // 4)),
         "depthwise_band_bytes": _DEPTHWISE_BAND_BYTES * caches["L2"] // budgets["L2"],
         "depthwise_plane_mask_bytes": _DEPTHWISE_PLANE_MASK_BYTES * caches["L2"] // budgets["L2"],
@@ -322,11 +323,14 @@ KNOBS = KnobTable("cpu", [
          "cache, which such an output and its input cannot share (Zen 5, 32 MiB L3: the seed shape 9.0 ms against 10.2 "
          "with plain stores; single-channel 3x3 filters 0.80x the time on 2048^2, a 16 MiB output, 0.82x on 4096^2 and "
          "8192^2, 5x5 and 7x7 0.88-0.97x)"),
-    Knob("direct_whole_input_max_bytes", 16 * 2**20, "direct reads inputs up to this many bytes whole: in place "
-         "(stride 1, no padding), or gathered once into padded planes that every work item reads from cache; larger "
-         "ones are gathered by each work item into an L2-sized buffer, whose tight copy loop streams from memory "
-         "faster than the taps' loads (N=8, C=K=4, 3x3 on Zen 5: in place faster at 256^2, 8 MB; per item faster "
-         "at 512^2, 32 MB) and which needs no copy of the tensor: half the last-level cache"),
+    Knob("direct_whole_input_max_bytes", 16 * 2**20, "direct gathers padded or strided inputs up to this many bytes "
+         "once into padded planes that every work item reads from cache; larger ones are gathered by each work item "
+         "into an L2-sized buffer, which needs no copy of the tensor: half the last-level cache"),
+    Knob("direct_in_place_max_bytes", 16 * 2**20, "direct reads stride-1 unpadded inputs up to this many bytes in "
+         "place; larger ones are gathered by each work item into an L2-sized buffer, whose tight copy loop streamed "
+         "from memory faster than the taps' loads on Zen 5 (N=8, C=K=4, 3x3: in place faster at 256^2, 8 MB; per "
+         "item faster at 512^2, 32 MB): half the last-level cache. On a Zen 4 in place took 0.69-0.91x the time of "
+         "per item on 32-128 MiB inputs (docs/benchmarks.md, session 40): python -m convlib.tune measures both"),
     Knob("direct_serial_below_flops", 10_000_000, "direct problems with fewer FLOPs (~0.2 ms on one core) "
          "run on one thread: waking the others costs more than it saves"),
     # -- depthwise -------------------------------------------------------------------------

@@ -215,9 +215,10 @@ def search_blis(measurer: Measurer, shapes, *, full: bool) -> Found:
 
 
 # -- direct ------------------------------------------------------------------------------------
-def search_direct(measurer: Measurer, shapes, ladder) -> Found:
+def search_direct(measurer: Measurer, shapes, ladder, large=()) -> Found:
     """The relative speeds of direct's register blocks (float32), which its choice of block
-    weighs against padding waste, and the FLOPs below which it runs on one thread."""
+    weighs against padding waste, the FLOPs below which it runs on one thread, and whether it
+    reads ``large`` stride-1 unpadded inputs in place."""
     found = Found()
     blocks = direct_blockings("float32")
     labels = {b.label: b for b in blocks}
@@ -256,7 +257,45 @@ def search_direct(measurer: Measurer, shapes, ladder) -> Found:
         else:
             found.lines.append(f"direct runs on one thread below {current / 1e6:.1f} MFLOP (measured crossover "
                                f"{threshold / 1e6:.1f}: within a step of it)")
+    _search_in_place(measurer, large, found)
     return found
+
+
+#: ``direct_in_place_max_bytes`` where reading in place wins at any size.
+IN_PLACE_ANY_SIZE = 2**62
+
+
+def _search_in_place(measurer: Measurer, shapes, found: Found) -> None:
+    """In place or gathered per work item, timed on large unpadded inputs: where in place wins
+    by MIN_GAIN, at any size; where gathering wins, from half the smallest such input (if the
+    limit in force is above it); otherwise the limit stays."""
+    rows, faster, slower = [], [], []
+    for shape in shapes:
+        t = measurer.time(shape, {"per item": ("direct", {"direct_in_place_max_bytes": 0}),
+                                  "in place": ("direct", {"direct_in_place_max_bytes": IN_PLACE_ANY_SIZE})})
+        problem = measurer.arrays(shape)[0]
+        nbytes = problem.N * problem.C * problem.H * problem.W * problem.itemsize
+        rows.append({"shape": shape[0], "bytes": nbytes, **t})
+        if t["in place"] <= (1 - MIN_GAIN) * t["per item"]:
+            faster.append(nbytes)
+        elif t["per item"] <= (1 - MIN_GAIN) * t["in place"]:
+            slower.append(nbytes)
+    if not rows:
+        return
+    found.record["direct in place"] = rows
+    current = KNOBS.direct_in_place_max_bytes
+    ratios = ", ".join(f"{r['shape']} {r['in place'] / r['per item']:.2f}x" for r in rows)
+    if faster and not slower:
+        if current != IN_PLACE_ANY_SIZE:
+            found.knobs["direct_in_place_max_bytes"] = IN_PLACE_ANY_SIZE
+        found.lines.append(f"direct reads unpadded inputs in place at any size (in place / per item: {ratios})")
+    elif slower and not faster and current >= min(slower):
+        found.knobs["direct_in_place_max_bytes"] = min(slower) // 2
+        found.lines.append(f"direct gathers unpadded inputs above {min(slower) // 2 / 2**20:g} MiB per work item "
+                           f"(in place / per item: {ratios})")
+    else:
+        found.lines.append(f"direct reads unpadded inputs in place up to {current / 2**20:g} MiB (in place / "
+                           f"per item: {ratios})")
 
 
 # -- Winograd -----------------------------------------------------------------------------------
@@ -430,7 +469,8 @@ def search_auto(measurer: Measurer, shapes, *, full: bool) -> Found:
 #: the search functions are looked up at each call.
 STAGES = (
     ("blis", lambda measurer, sets, full: search_blis(measurer, sets["blis"], full=full)),
-    ("direct", lambda measurer, sets, full: search_direct(measurer, sets["direct"], sets["serial"])),
+    ("direct", lambda measurer, sets, full: search_direct(measurer, sets["direct"], sets["serial"],
+                                                          sets.get("in place", ()))),
     ("winograd", lambda measurer, sets, full: search_winograd(measurer, sets["winograd"], full=full)),
     ("depthwise", lambda measurer, sets, full: search_depthwise(measurer, sets["depthwise"], full=full)),
     ("auto", lambda measurer, sets, full: search_auto(measurer, sets["auto"], full=full)),

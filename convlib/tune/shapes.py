@@ -30,6 +30,10 @@ SERIAL_LADDER = tuple(
     (f"3x3 4>4 {n}^2", 1, 4, n, n, 4, 3, 3, 1, 1, 1) for n in (24, 48, 96, 192, 384)
 )
 
+#: A large stride-1 unpadded input (32 MiB: more than half of most last-level caches), for whether
+#: direct reads such inputs in place or gathers each work item's rows (the seed thesis' images).
+IN_PLACE_SHAPES = (("3x3 4>4 1024^2 unpadded", 2, 4, 1024, 1024, 4, 3, 3, 1, 0, 1),)
+
 #: ResNet-50's 3x3 stride-1 layers, for Winograd's register tile and chunk size.
 WINOGRAD_SHAPES = (
     ("3x3 64>64 56^2", 1, 64, 56, 56, 64, 3, 3, 1, 1, 1),
