@@ -115,7 +115,6 @@ def test_derived_knobs_follow_the_reported_caches():
     large = machine_derived_knobs({"L1d": 48 * 1024, "L2": 2 * 2**20, "L3": 96 * 2**20})
     assert large["direct_l2_input_budget"] == 4 * small["direct_l2_input_budget"]
     assert large["direct_stream_min_bytes"] == 48 * 2**20 == large["direct_whole_input_max_bytes"]
-    assert large["direct_in_place_max_bytes"] == 48 * 2**20
     assert small["direct_stream_min_bytes"] > 0  # no L3 reported: the fallback's
     assert large["depthwise_band_bytes"] > small["depthwise_band_bytes"]
     # KC follows L1 (never below 128: 32 and 48 KiB L1s both get AVX-512's 128).
@@ -236,6 +235,7 @@ UNPADDED = ("3x3 2>2 64^2 unpadded", 1, 2, 64, 64, 2, 3, 3, 1, 0, 1)  # a 32 KiB
 
 @pytest.mark.parametrize("in_place, per_item, limit, chosen", [
     (0.8, 1.0, 2**20, search.IN_PLACE_ANY_SIZE),  # in place wins: at any size
+    (0.8, 1.0, search.IN_PLACE_ANY_SIZE, None),  # ... which is the default already
     (1.0, 0.8, 2**20, 16 * 1024),  # gathering wins on 32 KiB: from half of it
     (1.0, 0.8, 8 * 1024, None),  # ... where the limit is already below it: unchanged
     (1.0, 0.99, 2**20, None),  # within MIN_GAIN: unchanged

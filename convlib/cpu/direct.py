@@ -8,8 +8,8 @@ plain shift: zero padding added, split into stride phases (plane ``(c, a, b)`` h
 In those planes output ``(p, q)`` and tap ``(c, r, s)`` read element
 ``(p + r*dh // sh, q + s*dw // sw)`` of plane ``(c, r*dh % sh, s*dw % sw)``: every stride,
 dilation and padding becomes stride 1. Where the planes come from depends on the input's size
-(knobs ``direct_in_place_max_bytes`` and ``direct_whole_input_max_bytes``, by default half the
-last-level cache):
+(knobs ``direct_in_place_max_bytes``, by default no limit, and ``direct_whole_input_max_bytes``,
+half the last-level cache):
 
 * ``"in place"``: stride 1, no padding and an input of at most ``direct_in_place_max_bytes``: the
   planes are ``x`` itself;
@@ -17,10 +17,11 @@ last-level cache):
   image once per call, in parallel, and every work item reads them from cache;
 * ``"per item"``: a large input: each work item gathers the rows it needs into a buffer of its
   thread (about ``direct_l2_input_budget``, see below) and reads them from L2 for every tap and
-  output channel. No copy of the tensor is made, and the input is read once from memory. Whether
-  that pays for an unpadded input depends on the machine: the tight copy loop streamed it faster
-  than the taps' loads on Zen 5 (N=8, C=K=4, 1024^2: 10.3 against 12.5 ms in place), slower on a
-  Zen 4 (in place 0.89x the time); ``python -m convlib.tune`` measures both.
+  output channel. No copy of the tensor is made, and the input is read once from memory. For an
+  unpadded input that pays on some machines only: the tight copy loop streamed it faster than the
+  taps' loads on Zen 5 (N=8, C=K=4, 1024^2: 10.3 against 12.5 ms in place, an earlier kernel),
+  slower on a Zen 4 and the Xeon host (in place 0.69-0.91x the time); ``python -m convlib.tune``
+  measures both.
 
 Output positions are numbered along *wide rows* of pitch ``Ws``: position ``j = p*Ws + q``
 (columns ``q >= Q`` are computed and thrown away). Tap ``t = (c, r, s)`` reads

@@ -212,6 +212,8 @@ _WINOGRAD_REGISTER_TILE = {
 
 
 _DIRECT_L2_INPUT_BUDGET = 512 * 1024
+#: A byte limit that no array reaches (a knob's "no limit").
+UNLIMITED_BYTES = 2**62
 _DEPTHWISE_BAND_BYTES = 512 * 1024
 _DEPTHWISE_PLANE_MASK_BYTES = 256 * 1024
 _DEPTHWISE_CHANNEL_BLOCK_BYTES = 192 * 1024
@@ -251,7 +253,6 @@ def machine_derived_knobs(caches: dict | None = None) -> dict:
         "direct_stream_min_bytes": last_level // 2,
         "winograd_register_tile": _WINOGRAD_REGISTER_TILE[host_isa()],
         "direct_whole_input_max_bytes": last_level // 2,
-        "direct_in_place_max_bytes": last_level // 2,
         "winograd_chunk_bytes": min(8 * 2**20, max(2 * 2**20, last_level // 4)),
         "depthwise_band_bytes": _DEPTHWISE_BAND_BYTES * caches["L2"] // budgets["L2"],
         "depthwise_plane_mask_bytes": _DEPTHWISE_PLANE_MASK_BYTES * caches["L2"] // budgets["L2"],
@@ -326,11 +327,11 @@ KNOBS = KnobTable("cpu", [
     Knob("direct_whole_input_max_bytes", 16 * 2**20, "direct gathers padded or strided inputs up to this many bytes "
          "once into padded planes that every work item reads from cache; larger ones are gathered by each work item "
          "into an L2-sized buffer, which needs no copy of the tensor: half the last-level cache"),
-    Knob("direct_in_place_max_bytes", 16 * 2**20, "direct reads stride-1 unpadded inputs up to this many bytes in "
-         "place; larger ones are gathered by each work item into an L2-sized buffer, whose tight copy loop streamed "
-         "from memory faster than the taps' loads on Zen 5 (N=8, C=K=4, 3x3: in place faster at 256^2, 8 MB; per "
-         "item faster at 512^2, 32 MB): half the last-level cache. On a Zen 4 in place took 0.69-0.91x the time of "
-         "per item on 32-128 MiB inputs (docs/benchmarks.md, session 40): python -m convlib.tune measures both"),
+    Knob("direct_in_place_max_bytes", UNLIMITED_BYTES, "direct reads stride-1 unpadded inputs up to this many bytes "
+         "in place (by default at any size); larger ones are gathered by each work item into an L2-sized buffer. "
+         "In place took 0.69-0.91x the time of gathering on 32-128 MiB inputs on a Zen 4 and 0.76-0.88x on 256 MiB "
+         "ones on the Xeon host (docs/benchmarks.md, session 40); on Zen 5 gathering had won at 32 MiB (10.3 against "
+         "12.5 ms, an earlier kernel): python -m convlib.tune measures both and lowers the limit where gathering wins"),
     Knob("direct_serial_below_flops", 10_000_000, "direct problems with fewer FLOPs (~0.2 ms on one core) "
          "run on one thread: waking the others costs more than it saves"),
     # -- depthwise -------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from ..api import build_problem
 from ..core.timing import time_interleaved
 from ..cpu.depthwise import uses_channel_blocks
 from ..cpu.isa import cache_sizes, host_isa
-from ..cpu.tables import KNOBS, BlisBlocking, blis_blocking, direct_blockings, direct_isa
+from ..cpu.tables import UNLIMITED_BYTES, KNOBS, BlisBlocking, blis_blocking, direct_blockings, direct_isa
 from ..dispatch import registry
 from ..dispatch.plan import make_plan
 from ..dispatch.select import CPU_RULE_ALGORITHMS, rule_choice
@@ -262,7 +262,7 @@ def search_direct(measurer: Measurer, shapes, ladder, large=()) -> Found:
 
 
 #: ``direct_in_place_max_bytes`` where reading in place wins at any size.
-IN_PLACE_ANY_SIZE = 2**62
+IN_PLACE_ANY_SIZE = UNLIMITED_BYTES
 
 
 def _search_in_place(measurer: Measurer, shapes, found: Found) -> None:
@@ -294,8 +294,8 @@ def _search_in_place(measurer: Measurer, shapes, found: Found) -> None:
         found.lines.append(f"direct gathers unpadded inputs above {min(slower) // 2 / 2**20:g} MiB per work item "
                            f"(in place / per item: {ratios})")
     else:
-        found.lines.append(f"direct reads unpadded inputs in place up to {current / 2**20:g} MiB (in place / "
-                           f"per item: {ratios})")
+        limit = "at any size" if current >= IN_PLACE_ANY_SIZE else f"up to {current / 2**20:g} MiB"
+        found.lines.append(f"direct reads unpadded inputs in place {limit} (in place / per item: {ratios})")
 
 
 # -- Winograd -----------------------------------------------------------------------------------
