@@ -130,11 +130,10 @@ def test_workspace_is_what_is_allocated(monkeypatch):
     # A large unpadded input is read in place (the tuner sets a limit where gathering is faster),
     # above the limit gathered per item like the padded one.
     unpadded = ConvProblem(16, 4, 4096, 4096, 4, 3, 3)
-    with KNOBS.override():
-        assert direct._planes(unpadded, direct.choose_blocking(unpadded)).source == "in place"
-        assert direct.workspace_bytes(unpadded) == 0
-        # The padded input is still gathered: in place reads x itself, which has no padding.
-        assert direct._planes(big, direct.choose_blocking(big)).source == "per item"
+    assert direct._planes(unpadded, direct.choose_blocking(unpadded)).source == "in place"
+    assert direct.workspace_bytes(unpadded) == 0
+    # The padded input is still gathered: in place reads x itself, which has no padding.
+    assert direct._planes(big, direct.choose_blocking(big)).source == "per item"
     with KNOBS.override(direct_in_place_max_bytes=0):
         assert direct._planes(unpadded, direct.choose_blocking(unpadded)).source == "per item"
 

@@ -182,8 +182,7 @@ def memory_note(problem: ConvProblem, device: str, *, copies: int = 1) -> str | 
     ``copies`` host copies of the input and output are counted (the kernel timing also holds a
     reference answer; a SYCL device on the CPU holds its own copies in the same memory).
     """
-    x_bytes = math.prod(problem.x_shape) * problem.itemsize
-    need = (x_bytes + problem.output_bytes) * copies * (1 if device == "cpu" else 2)
+    need = (problem.x_bytes + problem.output_bytes) * copies * (1 if device == "cpu" else 2)
     available = available_memory_bytes()
     if available is None or need <= MEMORY_HEADROOM * available:
         return None

@@ -119,6 +119,11 @@ class ConvProblem:
         return (self.N, self.C, self.H, self.W)
 
     @cached_property
+    def x_bytes(self) -> int:
+        """Bytes of the forward input ``x``."""
+        return math.prod(self.x_shape) * self.itemsize
+
+    @cached_property
     def w_shape(self) -> tuple[int, int, int, int]:
         return (self.K, self.C // self.groups, self.R, self.S)
 

@@ -135,7 +135,7 @@ def _planes(problem, block: DirectBlocking) -> _Planes:
     Ws = Q + ((problem.S - 1) * dw) // sw
     wide_length = (P - 1) * Ws + Q
     if (problem.stride == (1, 1) and not any(problem.padding) and wide_length >= QB
-            and problem.N * problem.C * problem.H * problem.W * problem.itemsize <= KNOBS.direct_in_place_max_bytes):
+            and problem.x_bytes <= KNOBS.direct_in_place_max_bytes):
         return _Planes(phases_h, phases_w, halo, problem.W, "in place")  # Ws == W already
     planes = _Planes(phases_h, phases_w, halo, Ws, "whole")
     if (block.along == "positions"

@@ -211,7 +211,7 @@ def _planned_calls(sets: dict, measurer, full: bool) -> int:
     whole_plane_variants = len({*search.DEPTHWISE_WHOLE_PLANE_POSITIONS, KNOBS.depthwise_whole_plane_max_positions})
     auto_variants = sum(len(search.auto_candidates(measurer.arrays(s)[0], full=full)) for s in sets["auto"])
     return per * (blis_variants * len(sets["blis"]) + len(direct_blockings("float32")) * len(sets["direct"])
-                  + 2 * len(sets["serial"]) + 2 * len(sets.get("in place", ())) + winograd_variants * len(sets["winograd"])
+                  + 2 * len(sets["serial"]) + 2 * len(sets["in place"]) + winograd_variants * len(sets["winograd"])
                   + depthwise_variants * len(sets["depthwise"]) + whole_plane_variants * depthwise_small
                   + auto_variants)
 

@@ -273,8 +273,7 @@ def _search_in_place(measurer: Measurer, shapes, found: Found) -> None:
     for shape in shapes:
         t = measurer.time(shape, {"per item": ("direct", {"direct_in_place_max_bytes": 0}),
                                   "in place": ("direct", {"direct_in_place_max_bytes": IN_PLACE_ANY_SIZE})})
-        problem = measurer.arrays(shape)[0]
-        nbytes = problem.N * problem.C * problem.H * problem.W * problem.itemsize
+        nbytes = measurer.arrays(shape)[0].x_bytes
         rows.append({"shape": shape[0], "bytes": nbytes, **t})
         if t["in place"] <= (1 - MIN_GAIN) * t["per item"]:
             faster.append(nbytes)
@@ -286,7 +285,7 @@ def _search_in_place(measurer: Measurer, shapes, found: Found) -> None:
     current = KNOBS.direct_in_place_max_bytes
     ratios = ", ".join(f"{r['shape']} {r['in place'] / r['per item']:.2f}x" for r in rows)
     if faster and not slower:
-        if current != IN_PLACE_ANY_SIZE:
+        if current < IN_PLACE_ANY_SIZE:
             found.knobs["direct_in_place_max_bytes"] = IN_PLACE_ANY_SIZE
         found.lines.append(f"direct reads unpadded inputs in place at any size (in place / per item: {ratios})")
     elif slower and not faster and current >= min(slower):
@@ -469,8 +468,7 @@ def search_auto(measurer: Measurer, shapes, *, full: bool) -> Found:
 #: the search functions are looked up at each call.
 STAGES = (
     ("blis", lambda measurer, sets, full: search_blis(measurer, sets["blis"], full=full)),
-    ("direct", lambda measurer, sets, full: search_direct(measurer, sets["direct"], sets["serial"],
-                                                          sets.get("in place", ()))),
+    ("direct", lambda measurer, sets, full: search_direct(measurer, sets["direct"], sets["serial"], sets["in place"])),
     ("winograd", lambda measurer, sets, full: search_winograd(measurer, sets["winograd"], full=full)),
     ("depthwise", lambda measurer, sets, full: search_depthwise(measurer, sets["depthwise"], full=full)),
     ("auto", lambda measurer, sets, full: search_auto(measurer, sets["auto"], full=full)),
