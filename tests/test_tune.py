@@ -114,7 +114,12 @@ def test_derived_knobs_follow_the_reported_caches():
     small = machine_derived_knobs({"L1d": 32 * 1024, "L2": 512 * 1024})
     large = machine_derived_knobs({"L1d": 48 * 1024, "L2": 2 * 2**20, "L3": 96 * 2**20})
     assert large["direct_l2_input_budget"] == 4 * small["direct_l2_input_budget"]
-    assert large["direct_stream_min_bytes"] == 48 * 2**20 == large["direct_whole_input_max_bytes"]
+    assert large["direct_stream_min_bytes"] == 48 * 2**20
+    # Gathering whole is capped: a VM reports its host's L3, of which it holds a small share.
+    assert large["direct_whole_input_max_bytes"] == 16 * 2**20
+    zen = machine_derived_knobs({"L1d": 48 * 1024, "L2": 2**20, "L3": 32 * 2**20})
+    assert zen["direct_whole_input_max_bytes"] == 16 * 2**20
+    assert machine_derived_knobs({"L1d": 32 * 1024, "L2": 2**20, "L3": 8 * 2**20})["direct_whole_input_max_bytes"] == 4 * 2**20
     assert small["direct_stream_min_bytes"] > 0  # no L3 reported: the fallback's
     assert large["depthwise_band_bytes"] > small["depthwise_band_bytes"]
     # KC follows L1 (never below 128: 32 and 48 KiB L1s both get AVX-512's 128).

@@ -9,7 +9,7 @@ In those planes output ``(p, q)`` and tap ``(c, r, s)`` read element
 ``(p + r*dh // sh, q + s*dw // sw)`` of plane ``(c, r*dh % sh, s*dw % sw)``: every stride,
 dilation and padding becomes stride 1. Where the planes come from depends on the input's size
 (knobs ``direct_in_place_max_bytes``, by default no limit, and ``direct_whole_input_max_bytes``,
-half the last-level cache):
+half the last-level cache, at most 16 MiB: a virtual machine reports its host's whole L3):
 
 * ``"in place"``: stride 1, no padding and an input of at most ``direct_in_place_max_bytes``: the
   planes are ``x`` itself;

@@ -212,6 +212,12 @@ _WINOGRAD_REGISTER_TILE = {
 
 
 _DIRECT_L2_INPUT_BUDGET = 512 * 1024
+#: The most ``direct_whole_input_max_bytes`` is derived to, whatever L3 the OS reports: half of the
+#: 32 MiB L3 of the Zen machines it was set on. A virtual machine reports its host socket's L3
+#: (260 MiB on an Intel Xeon of 2 vCPUs), of which its cores hold a small share: there, gathering
+#: padded inputs whole took 1.04-1.27x the time of gathering per work item at 12-20 MiB and
+#: 1.25-4.8x at 24-98 MiB (docs/benchmarks.md, session 41).
+_DIRECT_WHOLE_INPUT_MAX_BYTES = 16 * 2**20
 #: A byte limit that no array reaches (a knob's "no limit").
 UNLIMITED_BYTES = 2**62
 _DEPTHWISE_BAND_BYTES = 512 * 1024
@@ -239,7 +245,8 @@ def machine_derived_knobs(caches: dict | None = None) -> dict:
 
     ``caches`` defaults to :func:`convlib.cpu.isa.cache_sizes`. Byte budgets keep their ratio to
     the cache they are meant for; BLIS rows are rescaled by :func:`fit_blis_to_caches`; direct's
-    thresholds between cache-resident and streaming inputs and outputs follow the last-level cache.
+    thresholds between cache-resident and streaming inputs and outputs follow the last-level cache
+    (the one for gathering inputs whole at most up to :data:`_DIRECT_WHOLE_INPUT_MAX_BYTES`).
     """
     caches = cache_sizes() if caches is None else caches
     budgets = REFERENCE_CACHES["budgets"]
@@ -252,7 +259,7 @@ def machine_derived_knobs(caches: dict | None = None) -> dict:
         "direct_l2_input_budget": _DIRECT_L2_INPUT_BUDGET * caches["L2"] // budgets["L2"],
         "direct_stream_min_bytes": last_level // 2,
         "winograd_register_tile": _WINOGRAD_REGISTER_TILE[host_isa()],
-        "direct_whole_input_max_bytes": last_level // 2,
+        "direct_whole_input_max_bytes": min(last_level // 2, _DIRECT_WHOLE_INPUT_MAX_BYTES),
         "winograd_chunk_bytes": min(8 * 2**20, max(2 * 2**20, last_level // 4)),
         "depthwise_band_bytes": _DEPTHWISE_BAND_BYTES * caches["L2"] // budgets["L2"],
         "depthwise_plane_mask_bytes": _DEPTHWISE_PLANE_MASK_BYTES * caches["L2"] // budgets["L2"],
@@ -326,7 +333,7 @@ KNOBS = KnobTable("cpu", [
          "8192^2, 5x5 and 7x7 0.88-0.97x)"),
     Knob("direct_whole_input_max_bytes", 16 * 2**20, "direct gathers padded or strided inputs up to this many bytes "
          "once into padded planes that every work item reads from cache; larger ones are gathered by each work item "
-         "into an L2-sized buffer, which needs no copy of the tensor: half the last-level cache"),
+         "into an L2-sized buffer, which needs no copy of the tensor: half the last-level cache, at most 16 MiB"),
     Knob("direct_in_place_max_bytes", UNLIMITED_BYTES, "direct reads stride-1 unpadded inputs up to this many bytes "
          "in place (by default at any size); larger ones are gathered by each work item into an L2-sized buffer. "
          "In place took 0.69-0.91x the time of gathering on 32-128 MiB inputs on a Zen 4 and 0.76-0.88x on 256 MiB "
