@@ -136,6 +136,17 @@ def test_winograd_rule_respects_the_image_size(min_image, expected):
         assert rule_choice(data_pass, "cpu", ["winograd", "blis"])[0] == expected
 
 
+@pytest.mark.parametrize("C, expected", [(1, "blis"), (16, "direct")])
+def test_data_pass_rule_into_one_channel(C, expected):
+    """The data pass at stride 1 runs direct (the forward kernel on the rotated problem) where the
+    forward's rules pick direct for that problem, but not into a single channel, where blis won."""
+    problem = convlib.build_problem(np.zeros((32, C, 8, 8), np.float32), np.zeros((32, C, 3, 3), np.float32),
+                                    padding=1)
+    data_pass = make_backward_data_problem(problem.y_shape, (32, C, 3, 3), (32, C, 8, 8), np.float32, np.float32,
+                                           padding=1)
+    assert rule_choice(data_pass, "cpu", ["direct", "blis"])[0] == expected
+
+
 # -- device identity: a measured choice is found again for the same device, never for another ----
 def test_cpu_identity_is_stable_and_names_the_thread_count():
     import numba

@@ -180,7 +180,12 @@ def _cpu_gradient_rules(problem: ConvProblem) -> list[tuple[str, str]]:
         # At stride 1 the data pass is a forward convolution of dy (core.problem.rotated_problem), which
         # direct runs on its forward kernel: where the forward's rules would run direct on that
         # problem, so does the data pass (the digits CNN's 16->32 layer: 0.91x blis' time, Zen 5).
-        if runs_as_forward(problem) and _cpu_rules(rotated_problem(problem))[0][0] == "direct":
+        # Not into one channel (a grayscale image's gradient): that forward has one filter, a
+        # register block of direct's mostly empty, while blis's GEMM has the 9 taps as its rows;
+        # direct took 1.6-1.7x blis' time there (8x8 to 56x56, 16-32 channels of dy; 3 channels:
+        # 0.74-1.22x; Intel Xeon, session 41).
+        if (runs_as_forward(problem) and not (problem.groups == 1 and problem.C == 1)
+                and _cpu_rules(rotated_problem(problem))[0][0] == "direct"):
             rules.append(("direct", "backward data at stride 1: the forward direct kernel on dy and the rotated "
                                     "filters, where the forward's rules pick direct for that problem"))
         return rules + [("blis", "backward data: the GEMM W^T dY with col2im in its store (no column matrix)")]
