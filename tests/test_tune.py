@@ -254,6 +254,24 @@ def test_in_place_search_follows_the_faster_way(in_place, per_item, limit, chose
     assert "in place" in found.lines[0]
 
 
+PADDED = ("3x3 2>2 64^2 padded", 1, 2, 64, 64, 2, 3, 3, 1, 1, 1)  # a 32 KiB input
+
+
+@pytest.mark.parametrize("whole, per_item, limit, chosen", [
+    (1.0, 0.8, 2**20, 16 * 1024),  # gathering per item wins on 32 KiB: whole from half of it
+    (1.0, 0.8, 8 * 1024, None),  # ... where the limit is already below it: unchanged
+    (0.8, 1.0, 2**20, None),  # gathering whole wins: the limit stays (larger inputs were not timed)
+    (1.0, 0.99, 2**20, None),  # within MIN_GAIN: unchanged
+])
+def test_whole_search_lowers_the_limit_where_per_item_wins(whole, per_item, limit, chosen):
+    found = search.Found()
+    with KNOBS.override(direct_whole_input_max_bytes=limit):
+        search._search_whole(_PresetTimes({"whole": whole, "per item": per_item}), [PADDED], found)
+    assert found.knobs.get("direct_whole_input_max_bytes") == chosen
+    assert found.record["direct whole"][0]["bytes"] == 2 * 64 * 64 * 4
+    assert "whole" in found.lines[0]
+
+
 def test_quick_auto_stage_times_every_algorithm_auto_can_pick():
     # The quick mode times only what auto's CPU rules can name; under every threshold value the
     # tuner tries, auto's pick among those must be its pick among every serving algorithm, or the
@@ -281,6 +299,7 @@ TINY = {
     "direct": (("3x3 8>12 16^2", 1, 8, 16, 16, 12, 3, 3, 1, 1, 1),),
     "serial": (("3x3 2>2 8^2", 1, 2, 8, 8, 2, 3, 3, 1, 1, 1), ("3x3 2>2 64^2", 1, 2, 64, 64, 2, 3, 3, 1, 1, 1)),
     "in place": (UNPADDED,),
+    "whole": (PADDED,),
     "winograd": (("3x3 8>8 12^2", 1, 8, 12, 12, 8, 3, 3, 1, 1, 1),),
     "depthwise": (("dw 3x3/2 16 10^2", 1, 16, 10, 10, 16, 3, 3, 2, 1, 16),),
     "auto": (("dw 3x3 8 20^2", 1, 8, 20, 20, 8, 3, 3, 1, 1, 8), ("3x3 8>16 10^2", 1, 8, 10, 10, 16, 3, 3, 2, 1, 1)),
@@ -295,8 +314,8 @@ def test_tune_writes_a_profile_that_the_next_process_uses(profile_env):
     assert KNOBS.profile() == result.knobs
     saved = cpu_profile.read_profile(result.path)
     assert saved["mode"] == "quick" and saved["machine"] == cpu_profile.machine_identity()
-    assert {"auto", "direct speeds", "direct in place", "winograd register tile", "depthwise ways"} <= set(
-        saved["measurements"])
+    assert {"auto", "direct speeds", "direct in place", "direct whole", "winograd register tile",
+            "depthwise ways"} <= set(saved["measurements"])
     assert "tuned in" in result.report()
     # The kernels are compiled first, in worker processes, where two CPUs or more are ours.
     stages = list(result.stage_seconds)

@@ -114,7 +114,7 @@ def tune(mode: str = "quick", *, progress: bool = True, save: bool = True, path=
         ``$CONVLIB_CACHE_DIR/profiles/`` (or ``CONVLIB_PROFILE``).
     shape_sets : dict, optional
         Replace some shape sets of :mod:`convlib.tune.shapes` (keys ``"blis"``, ``"direct"``,
-        ``"serial"``, ``"in place"``, ``"winograd"``, ``"depthwise"``, ``"auto"``); for tests and
+        ``"serial"``, ``"in place"``, ``"whole"``, ``"winograd"``, ``"depthwise"``, ``"auto"``); for tests and
         experiments.
 
     Returns
@@ -134,7 +134,8 @@ def tune(mode: str = "quick", *, progress: bool = True, save: bool = True, path=
     full = mode == "full"
     sets = {
         "blis": shapes.BLIS_SHAPES, "direct": shapes.DIRECT_SHAPES, "serial": shapes.SERIAL_LADDER,
-        "in place": shapes.IN_PLACE_SHAPES, "winograd": shapes.WINOGRAD_SHAPES, "depthwise": shapes.DEPTHWISE_SHAPES,
+        "in place": shapes.IN_PLACE_SHAPES, "whole": shapes.WHOLE_SHAPES, "winograd": shapes.WINOGRAD_SHAPES,
+        "depthwise": shapes.DEPTHWISE_SHAPES,
         "auto": shapes.AUTO_SHAPES if full else shapes.QUICK_AUTO,
         **(shape_sets or {}),
     }
@@ -211,7 +212,8 @@ def _planned_calls(sets: dict, measurer, full: bool) -> int:
     whole_plane_variants = len({*search.DEPTHWISE_WHOLE_PLANE_POSITIONS, KNOBS.depthwise_whole_plane_max_positions})
     auto_variants = sum(len(search.auto_candidates(measurer.arrays(s)[0], full=full)) for s in sets["auto"])
     return per * (blis_variants * len(sets["blis"]) + len(direct_blockings("float32")) * len(sets["direct"])
-                  + 2 * len(sets["serial"]) + 2 * len(sets["in place"]) + winograd_variants * len(sets["winograd"])
+                  + 2 * len(sets["serial"]) + 2 * len(sets["in place"]) + 2 * len(sets["whole"])
+                  + winograd_variants * len(sets["winograd"])
                   + depthwise_variants * len(sets["depthwise"]) + whole_plane_variants * depthwise_small
                   + auto_variants)
 

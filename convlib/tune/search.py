@@ -215,7 +215,7 @@ def search_blis(measurer: Measurer, shapes, *, full: bool) -> Found:
 
 
 # -- direct ------------------------------------------------------------------------------------
-def search_direct(measurer: Measurer, shapes, ladder, large=()) -> Found:
+def search_direct(measurer: Measurer, shapes, ladder, large=(), padded=()) -> Found:
     """The relative speeds of direct's register blocks (float32), which its choice of block
     weighs against padding waste, the FLOPs below which it runs on one thread, and whether it
     reads ``large`` stride-1 unpadded inputs in place."""
@@ -258,6 +258,7 @@ def search_direct(measurer: Measurer, shapes, ladder, large=()) -> Found:
             found.lines.append(f"direct runs on one thread below {current / 1e6:.1f} MFLOP (measured crossover "
                                f"{threshold / 1e6:.1f}: within a step of it)")
     _search_in_place(measurer, large, found)
+    _search_whole(measurer, padded, found)
     return found
 
 
@@ -295,6 +296,33 @@ def _search_in_place(measurer: Measurer, shapes, found: Found) -> None:
     else:
         limit = "at any size" if current >= IN_PLACE_ANY_SIZE else f"up to {current / 2**20:g} MiB"
         found.lines.append(f"direct reads unpadded inputs in place {limit} (in place / per item: {ratios})")
+
+
+def _search_whole(measurer: Measurer, shapes, found: Found) -> None:
+    """Gathered whole once or per work item, timed on padded inputs: where per item wins by
+    MIN_GAIN, inputs are gathered whole only up to half the smallest such input (if the limit in
+    force is above it); otherwise the limit stays (a win at these sizes says nothing of larger
+    inputs, where gathering whole has lost by up to 4.8x)."""
+    rows, slower = [], []
+    for shape in shapes:
+        t = measurer.time(shape, {"per item": ("direct", {"direct_whole_input_max_bytes": 0}),
+                                  "whole": ("direct", {"direct_whole_input_max_bytes": UNLIMITED_BYTES})})
+        nbytes = measurer.arrays(shape)[0].x_bytes
+        rows.append({"shape": shape[0], "bytes": nbytes, **t})
+        if t["per item"] <= (1 - MIN_GAIN) * t["whole"]:
+            slower.append(nbytes)
+    if not rows:
+        return
+    found.record["direct whole"] = rows
+    current = KNOBS.direct_whole_input_max_bytes
+    ratios = ", ".join(f"{r['shape']} {r['whole'] / r['per item']:.2f}x" for r in rows)
+    if slower and current >= min(slower):
+        found.knobs["direct_whole_input_max_bytes"] = min(slower) // 2
+        found.lines.append(f"direct gathers padded inputs whole up to {min(slower) // 2 / 2**20:g} MiB "
+                           f"(whole / per item: {ratios})")
+    else:
+        found.lines.append(f"direct gathers padded inputs whole up to {current / 2**20:g} MiB "
+                           f"(whole / per item: {ratios})")
 
 
 # -- Winograd -----------------------------------------------------------------------------------
@@ -468,7 +496,8 @@ def search_auto(measurer: Measurer, shapes, *, full: bool) -> Found:
 #: the search functions are looked up at each call.
 STAGES = (
     ("blis", lambda measurer, sets, full: search_blis(measurer, sets["blis"], full=full)),
-    ("direct", lambda measurer, sets, full: search_direct(measurer, sets["direct"], sets["serial"], sets["in place"])),
+    ("direct", lambda measurer, sets, full: search_direct(measurer, sets["direct"], sets["serial"], sets["in place"],
+                                                                       sets["whole"])),
     ("winograd", lambda measurer, sets, full: search_winograd(measurer, sets["winograd"], full=full)),
     ("depthwise", lambda measurer, sets, full: search_depthwise(measurer, sets["depthwise"], full=full)),
     ("auto", lambda measurer, sets, full: search_auto(measurer, sets["auto"], full=full)),

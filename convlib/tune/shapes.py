@@ -34,6 +34,10 @@ SERIAL_LADDER = tuple(
 #: direct reads such inputs in place or gathers each work item's rows (the seed thesis' images).
 IN_PLACE_SHAPES = (("3x3 4>4 1024^2 unpadded", 2, 4, 1024, 1024, 4, 3, 3, 1, 0, 1),)
 
+#: A padded input of 12 MiB (under the 16 MiB that direct gathers whole at most by default), for
+#: whether direct gathers such inputs whole once or each work item its own rows.
+WHOLE_SHAPES = (("3x3 16>16 256^2 padded", 3, 16, 256, 256, 16, 3, 3, 1, 1, 1),)
+
 #: ResNet-50's 3x3 stride-1 layers, for Winograd's register tile and chunk size.
 WINOGRAD_SHAPES = (
     ("3x3 64>64 56^2", 1, 64, 56, 56, 64, 3, 3, 1, 1, 1),
