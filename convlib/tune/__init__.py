@@ -114,8 +114,8 @@ def tune(mode: str = "quick", *, progress: bool = True, save: bool = True, path=
         ``$CONVLIB_CACHE_DIR/profiles/`` (or ``CONVLIB_PROFILE``).
     shape_sets : dict, optional
         Replace some shape sets of :mod:`convlib.tune.shapes` (keys ``"blis"``, ``"direct"``,
-        ``"serial"``, ``"in place"``, ``"whole"``, ``"winograd"``, ``"depthwise"``, ``"auto"``); for tests and
-        experiments.
+        ``"serial"``, ``"in place"``, ``"whole"``, ``"winograd"``, ``"depthwise"``, ``"auto"``);
+        for tests and experiments.
 
     Returns
     -------

@@ -217,8 +217,9 @@ def search_blis(measurer: Measurer, shapes, *, full: bool) -> Found:
 # -- direct ------------------------------------------------------------------------------------
 def search_direct(measurer: Measurer, shapes, ladder, large=(), padded=()) -> Found:
     """The relative speeds of direct's register blocks (float32), which its choice of block
-    weighs against padding waste, the FLOPs below which it runs on one thread, and whether it
-    reads ``large`` stride-1 unpadded inputs in place."""
+    weighs against padding waste, the FLOPs below which it runs on one thread, whether it
+    reads ``large`` stride-1 unpadded inputs in place, and up to which size it gathers ``padded``
+    inputs whole."""
     found = Found()
     blocks = direct_blockings("float32")
     labels = {b.label: b for b in blocks}
