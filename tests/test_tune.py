@@ -119,7 +119,8 @@ def test_derived_knobs_follow_the_reported_caches():
     assert large["direct_whole_input_max_bytes"] == 16 * 2**20
     zen = machine_derived_knobs({"L1d": 48 * 1024, "L2": 2**20, "L3": 32 * 2**20})
     assert zen["direct_whole_input_max_bytes"] == 16 * 2**20
-    assert machine_derived_knobs({"L1d": 32 * 1024, "L2": 2**20, "L3": 8 * 2**20})["direct_whole_input_max_bytes"] == 4 * 2**20
+    small_l3 = machine_derived_knobs({"L1d": 32 * 1024, "L2": 2**20, "L3": 8 * 2**20})
+    assert small_l3["direct_whole_input_max_bytes"] == 4 * 2**20
     assert small["direct_stream_min_bytes"] > 0  # no L3 reported: the fallback's
     assert large["depthwise_band_bytes"] > small["depthwise_band_bytes"]
     # KC follows L1 (never below 128: 32 and 48 KiB L1s both get AVX-512's 128).
