@@ -267,20 +267,28 @@ def search_direct(measurer: Measurer, shapes, ladder, large=(), padded=()) -> Fo
 IN_PLACE_ANY_SIZE = UNLIMITED_BYTES
 
 
+def _time_against_per_item(measurer: Measurer, shapes, knob: str, way: str) -> tuple[list, list, list]:
+    """direct on each shape with ``knob`` (one of its byte limits on where its input planes come
+    from) at no limit, labelled ``way``, and at 0 (``"per item"``: every work item gathers its own
+    rows): the rows of times with the input's bytes, and the bytes of the inputs on which ``way``,
+    then per item, is faster by MIN_GAIN."""
+    rows, faster, slower = [], [], []
+    for shape in shapes:
+        t = measurer.time(shape, {"per item": ("direct", {knob: 0}), way: ("direct", {knob: UNLIMITED_BYTES})})
+        nbytes = measurer.arrays(shape)[0].x_bytes
+        rows.append({"shape": shape[0], "bytes": nbytes, **t})
+        if t[way] <= (1 - MIN_GAIN) * t["per item"]:
+            faster.append(nbytes)
+        elif t["per item"] <= (1 - MIN_GAIN) * t[way]:
+            slower.append(nbytes)
+    return rows, faster, slower
+
+
 def _search_in_place(measurer: Measurer, shapes, found: Found) -> None:
     """In place or gathered per work item, timed on large unpadded inputs: where in place wins
     by MIN_GAIN, at any size; where gathering wins, from half the smallest such input (if the
     limit in force is above it); otherwise the limit stays."""
-    rows, faster, slower = [], [], []
-    for shape in shapes:
-        t = measurer.time(shape, {"per item": ("direct", {"direct_in_place_max_bytes": 0}),
-                                  "in place": ("direct", {"direct_in_place_max_bytes": IN_PLACE_ANY_SIZE})})
-        nbytes = measurer.arrays(shape)[0].x_bytes
-        rows.append({"shape": shape[0], "bytes": nbytes, **t})
-        if t["in place"] <= (1 - MIN_GAIN) * t["per item"]:
-            faster.append(nbytes)
-        elif t["per item"] <= (1 - MIN_GAIN) * t["in place"]:
-            slower.append(nbytes)
+    rows, faster, slower = _time_against_per_item(measurer, shapes, "direct_in_place_max_bytes", "in place")
     if not rows:
         return
     found.record["direct in place"] = rows
@@ -304,14 +312,7 @@ def _search_whole(measurer: Measurer, shapes, found: Found) -> None:
     MIN_GAIN, inputs are gathered whole only up to half the smallest such input (if the limit in
     force is above it); otherwise the limit stays (a win at these sizes says nothing of larger
     inputs, where gathering whole has lost by up to 4.8x)."""
-    rows, slower = [], []
-    for shape in shapes:
-        t = measurer.time(shape, {"per item": ("direct", {"direct_whole_input_max_bytes": 0}),
-                                  "whole": ("direct", {"direct_whole_input_max_bytes": UNLIMITED_BYTES})})
-        nbytes = measurer.arrays(shape)[0].x_bytes
-        rows.append({"shape": shape[0], "bytes": nbytes, **t})
-        if t["per item"] <= (1 - MIN_GAIN) * t["whole"]:
-            slower.append(nbytes)
+    rows, _, slower = _time_against_per_item(measurer, shapes, "direct_whole_input_max_bytes", "whole")
     if not rows:
         return
     found.record["direct whole"] = rows
@@ -497,8 +498,8 @@ def search_auto(measurer: Measurer, shapes, *, full: bool) -> Found:
 #: the search functions are looked up at each call.
 STAGES = (
     ("blis", lambda measurer, sets, full: search_blis(measurer, sets["blis"], full=full)),
-    ("direct", lambda measurer, sets, full: search_direct(measurer, sets["direct"], sets["serial"], sets["in place"],
-                                                                       sets["whole"])),
+    ("direct", lambda measurer, sets, full: search_direct(measurer, sets["direct"], sets["serial"],
+                                                          sets["in place"], sets["whole"])),
     ("winograd", lambda measurer, sets, full: search_winograd(measurer, sets["winograd"], full=full)),
     ("depthwise", lambda measurer, sets, full: search_depthwise(measurer, sets["depthwise"], full=full)),
     ("auto", lambda measurer, sets, full: search_auto(measurer, sets["auto"], full=full)),
