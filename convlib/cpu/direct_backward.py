@@ -17,15 +17,18 @@
 * :data:`WEIGHT` (``conv2d_backward_weight``): each ``dw[k, c, r, s]`` is a sum over the batch
   and the output pixels of ``dy[n, k, p, q] * x[n, c, p*sh - top + r*dh, q*sw - left + s*dw]``;
   per output row, the columns that read inside the image form one range, so the inner loop is a
-  dot product without bounds tests. Each row's dot product is summed on its own and the rows
-  in float64 (two-level summation: float32 keeps its accuracy over any batch). A task is one
-  (k, c) pair and all its taps, so no two threads write the same ``dw`` element and no
-  per-thread copy of ``dw`` is needed. The products with padding (``dy * 0``) are skipped
+  dot product without bounds tests, which LLVM vectorises (unsigned indices, and ``reassoc``
+  so the sum may be split into vector lanes). Each row's dot product is summed on its own and
+  the rows in float64 (two-level summation: float32 keeps its accuracy over any batch). A task
+  is one (k, c) pair and all its taps; it takes every tap of one (``dy`` row, ``x`` row) pair
+  before the next, so both rows come from L1. No two threads write the same ``dw`` element,
+  and no per-thread copy of ``dw`` is needed. The products with padding (``dy * 0``) are skipped
   unless a channel of ``dy`` holds an inf or NaN; then they are added, so ``0 * inf`` is NaN
   there as in the definition (the forward pass multiplies its padding too).
 
-Neither allocates beyond its result (and one flag per channel of ``dy``), but the stride-1 data
-pass, which has the forward direct kernel's workspace and the rotated filters. Compile cost: one
+The data pass allocates nothing beyond its result, but at stride 1, where it has the forward
+direct kernel's workspace and the rotated filters; the weight pass allocates its float64 row
+totals (``dw``'s elements, in float64) and one flag per channel of ``dy``. Compile cost: one
 specialisation per dtype (``cache=True``); shapes and the geometry are run-time values.
 """
 
@@ -118,41 +121,62 @@ def _padding_products(dy, k, h_off, stride_h, H, q_lo, q_hi):
     return total
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
 def backward_weight_kernel(x, dy, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, groups, row_zero, dw):
     N, C, H, W = x.shape
     K, Cg, R, S = dw.shape
     P, Q = dy.shape[2], dy.shape[3]
     Kg = K // groups
+    q_lo = np.empty(S, np.int64)
+    q_hi = np.empty(S, np.int64)
+    for s in range(S):
+        q_lo[s], q_hi[s] = positions_inside(s * dil_w - pad_left, stride_w, W, Q)
+    # Two levels: each output row's products summed in row_zero's dtype, the rows in float64
+    # (one row of totals per task). A float32 running sum over all N*P*Q products loses
+    # accuracy as the sum grows (relative error ~ eps32 * sqrt(N*P*Q / 6), 1e-5 at N=16,
+    # 128x128); a row's sum has ~ eps32 * sqrt(Q / 6) whatever the batch and the image's height,
+    # and rows wider than FLOAT32_ROW_LIMIT are summed in float64.
+    totals = np.zeros((K * Cg, R * S))
     for task in prange(K * Cg):
         k = task // Cg
         c = (k // Kg) * Cg + task % Cg
-        for s in range(S):
-            # Output columns whose input column q*sw - left + s*dw lies inside [0, W).
-            off = s * dil_w - pad_left
-            q_lo, q_hi = positions_inside(off, stride_w, W, Q)
-            for r in range(R):
-                # Two levels: each output row's products summed in row_zero's dtype, the rows in
-                # float64. A float32 running sum over all N*P*Q products loses accuracy as the sum
-                # grows (relative error ~ eps32 * sqrt(N*P*Q / 6), 1e-5 at N=16, 128x128); a row's
-                # sum has ~ eps32 * sqrt(Q / 6) whatever the batch and the image's height, and
-                # rows wider than FLOAT32_ROW_LIMIT are summed in float64.
-                total = 0.0
-                for n in range(N):
-                    for p in range(P):
-                        h = p * stride_h - pad_top + r * dil_h
-                        if h < 0 or h >= H:
-                            continue
-                        dy_row = dy[n, k, p]
-                        x_row = x[n, c, h]
+        # Every tap of a (dy row, x row) pair before the next pair, so both rows are read from
+        # L1 for all R*S taps rather than from memory once per tap.
+        for n in range(N):
+            for p in range(P):
+                dy_row = dy[n, k, p]
+                for r in range(R):
+                    h = p * stride_h - pad_top + r * dil_h
+                    if h < 0 or h >= H:
+                        continue
+                    x_row = x[n, c, h]
+                    for s in range(S):
+                        # Unsigned indices (the sum wraps to the column inside the row): with
+                        # signed ones numba tests each for a negative index, and the loop stays
+                        # scalar. reassoc lets LLVM split the sum into vector lanes.
+                        off = np.uintp(s * dil_w - pad_left)
                         part = row_zero[0]
-                        for q in range(q_lo, q_hi):
-                            part += dy_row[q] * x_row[q * stride_w + off]
-                        total += part
-                dw[k, task % Cg, r, s] = total
-    # The products with padding skipped above are zero unless dy is inf or NaN there (0 * inf is
-    # NaN): added, as NaN or 0, only for the channels of dy that hold such a value. (Kept out of
-    # the loop above, whose code got 5-20% slower with them inside.)
+                        if stride_w == 1:
+                            for q in range(np.uintp(q_lo[s]), np.uintp(q_hi[s])):
+                                part += dy_row[q] * x_row[q + off]
+                        else:
+                            for q in range(np.uintp(q_lo[s]), np.uintp(q_hi[s])):
+                                part += dy_row[q] * x_row[q * np.uintp(stride_w) + off]
+                        totals[task, r * S + s] += part
+        for r in range(R):
+            for s in range(S):
+                dw[k, task % Cg, r, s] = totals[task, r * S + s]
+
+
+@njit(parallel=True, cache=True)
+def add_padding_products(dy, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, H, W, dw):
+    """The products with padding that :func:`backward_weight_kernel` skips are zero unless dy is
+    inf or NaN there (0 * inf is NaN): added to ``dw``, as NaN or 0, only for the channels of dy
+    that hold such a value. (A kernel of its own: inside the weight loops their code got 5-20%
+    slower, and there, compiled with the loops' ``reassoc``, they missed the non-finite channels of
+    ``tests/test_reliability.py``.)"""
+    N, K, P, Q = dy.shape
+    Cg, R, S = dw.shape[1], dw.shape[2], dw.shape[3]
     nonfinite = np.zeros(K, np.bool_)
     for k in prange(K):
         for n in range(N):
@@ -182,11 +206,12 @@ class _Direct:
 
     def workspace_bytes(self, problem: ConvProblem, device=None) -> int:
         """Data at stride 1: the forward direct kernel's on the rotated problem, and the rotated
-        filters. Otherwise per task one block of ``dx`` rows (data) or one filter's taps
-        (weight): no more."""
-        if self.operation == "conv2d_backward_data" and runs_as_forward(problem):
-            return direct.workspace_bytes(rotated_problem(problem)) + problem.K * problem.gemm_k * problem.itemsize
-        return 0
+        filters; otherwise nothing. Weight: the float64 totals of every ``dw`` element."""
+        if self.operation == "conv2d_backward_data":
+            if runs_as_forward(problem):
+                return direct.workspace_bytes(rotated_problem(problem)) + problem.K * problem.gemm_k * problem.itemsize
+            return 0
+        return problem.K * problem.gemm_k * 8
 
     def run(self, problem: ConvProblem, *arrays):
         p = problem
@@ -211,6 +236,7 @@ class _Direct:
         dw = np.empty(p.w_shape, p.dtype)
         row_zero = np.zeros(1, np.float64 if p.Q > FLOAT32_ROW_LIMIT else p.dtype)
         backward_weight_kernel(x, dy, *geometry, row_zero, dw)
+        add_padding_products(dy, *geometry[:6], p.H, p.W, dw)
         return dw
 
 
