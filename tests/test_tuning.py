@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import convlib
-from convlib.core.problem import make_backward_data_problem
+from convlib.core.problem import make_backward_data_problem, make_backward_weight_problem
 from convlib.dispatch import tuning
 from convlib.dispatch.select import rule_choice
 from convlib.dispatch.devices import resolve_device
@@ -145,6 +145,17 @@ def test_data_pass_rule_into_one_channel(C, expected):
     data_pass = make_backward_data_problem(problem.y_shape, (32, C, 3, 3), (32, C, 8, 8), np.float32, np.float32,
                                            padding=1)
     assert rule_choice(data_pass, "cpu", ["direct", "blis"])[0] == expected
+
+
+@pytest.mark.parametrize("C, K, groups, expected", [(96, 96, 96, "direct"), (3, 1, 1, "direct"), (1, 1, 1, "blis"),
+                                                    (16, 32, 1, "blis"), (32, 64, 32, "blis")])
+def test_weight_pass_rule_for_one_filter_per_group(C, K, groups, expected):
+    """The weight pass runs direct where each group has one filter and there are at least three
+    (filter, channel) pairs for the threads to share; blis otherwise (several filters per group,
+    or a single-channel filter)."""
+    problem = make_backward_weight_problem((8, C, 28, 28), (8, K, 28, 28), (K, C // groups, 3, 3), np.float32,
+                                           np.float32, padding=1, groups=groups)
+    assert rule_choice(problem, "cpu", ["direct", "blis"])[0] == expected
 
 
 # -- device identity: a measured choice is found again for the same device, never for another ----
