@@ -265,7 +265,9 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
         the tensors, its col2im folded into the micro-kernel's store (no column matrix);
         ``"winograd"`` (``"winograd4"``, ``"winograd2"``), for 3x3 filters at stride 1 and dilation
         1 with padding of at most 2, runs the forward Winograd kernels on the filters rotated by
-        180 degrees (the data pass is then a convolution of ``dy``).
+        180 degrees (the data pass is then a convolution of ``dy``); ``"depthwise"``, for
+        depthwise layers (one filter per channel) at stride 1 and dilation 1, runs the forward
+        depthwise kernels so.
     device
         As in :func:`conv2d`.
 

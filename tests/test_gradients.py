@@ -208,18 +208,21 @@ def test_results_follow_the_input_kind():
 @pytest.mark.parametrize("op, backend, algo", backward_entries())
 def test_empty_batch(op, backend, algo):
     device = device_for(backend)
+    # A depthwise layer for the algorithm that serves only those, two filters of four channels else.
+    groups = 4 if algo == "depthwise" else 1
+    K = 4 if algo == "depthwise" else 2
     x = np.zeros((0, 4, 6, 6), np.float32)
-    w = np.ones((2, 4, 3, 3), np.float32)
-    dy = np.zeros((0, 2, 4, 4), np.float32)
+    w = np.ones((K, 4 // groups, 3, 3), np.float32)
+    dy = np.zeros((0, K, 4, 4), np.float32)
     if op == "conv2d_backward_data":
-        out = convlib.conv2d_backward_data(dy, w, x.shape, algo=algo, device=device)
+        out = convlib.conv2d_backward_data(dy, w, x.shape, groups=groups, algo=algo, device=device)
         assert out.shape == x.shape
     elif op == "conv2d_backward_weight":
-        out = convlib.conv2d_backward_weight(x, dy, w.shape, algo=algo, device=device)
+        out = convlib.conv2d_backward_weight(x, dy, w.shape, groups=groups, algo=algo, device=device)
         np.testing.assert_array_equal(np.asarray(out), np.zeros(w.shape, np.float32))
     else:
         np.testing.assert_array_equal(np.asarray(convlib.conv2d_backward_bias(dy, algo=algo, device=device)),
-                                      np.zeros(2, np.float32))
+                                      np.zeros(K, np.float32))
 
 
 # -- errors --------------------------------------------------------------------------------

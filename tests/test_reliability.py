@@ -182,6 +182,9 @@ NONFINITE_CASES = {
     # Depthwise at stride 1, output the image's size: the depthwise algorithm reads neighbouring
     # planes in place and must select their inf/NaN away.
     "depthwise-same": dict(x=(2, 6, 14, 13), w=(12, 1, 3, 3), stride=1, padding=1, dilation=1, groups=6),
+    # One filter per channel: the data pass's rotated problem is depthwise again, which the depthwise
+    # algorithm's data pass runs on the forward kernels (a non-finite w meets its padding).
+    "depthwise-one-filter": dict(x=(2, 6, 14, 13), w=(6, 1, 3, 3), stride=1, padding=1, dilation=1, groups=6),
 }
 
 

@@ -147,6 +147,16 @@ def test_data_pass_rule_into_one_channel(C, expected):
     assert rule_choice(data_pass, "cpu", ["direct", "blis"])[0] == expected
 
 
+@pytest.mark.parametrize("stride, expected", [(1, "depthwise"), (2, "blis")])
+def test_data_pass_rule_for_depthwise_layers(stride, expected):
+    """A depthwise layer's data pass at stride 1 runs the depthwise kernels (its rotated problem is
+    depthwise, which the forward's rules give to depthwise); at stride 2, blis."""
+    P = (56 + 2 - 3) // stride + 1
+    data_pass = make_backward_data_problem((8, 144, P, P), (144, 1, 3, 3), (8, 144, 56, 56), np.float32, np.float32,
+                                           stride=stride, padding=1, groups=144)
+    assert rule_choice(data_pass, "cpu", ["direct", "blis", "depthwise"])[0] == expected
+
+
 @pytest.mark.parametrize("C, K, groups, expected", [(96, 96, 96, "direct"), (3, 1, 1, "direct"), (1, 1, 1, "blis"),
                                                     (16, 32, 1, "blis"), (32, 64, 32, "blis")])
 def test_weight_pass_rule_for_one_filter_per_group(C, K, groups, expected):

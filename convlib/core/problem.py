@@ -586,8 +586,8 @@ def make_transpose_problem(x_shape, w_shape, bias_shape, x_dtype, w_dtype, bias_
 # rotated by 180 degrees and their channel axes swapped per group (``w'[g*Cg + c, k] =
 # w[g*Kg + k, c, ::-1, ::-1]``, shape (C, K/groups, R, S); convlib.cpu.rotation), padded by
 # ``R-1-top`` rows above, ``R-1-bottom`` below and likewise columns, which gives exactly ``x``'s
-# H x W; conv_transpose2d's bias is that forward's bias. The CPU's winograd and direct run their
-# data passes so, on their forward kernels.
+# H x W; conv_transpose2d's bias is that forward's bias. The CPU's winograd, direct and depthwise
+# run their data passes so, on their forward kernels.
 def runs_as_forward(problem: ConvProblem) -> bool:
     """Whether the data pass of ``problem`` is the forward convolution of :func:`rotated_problem`
     (stride 1, dilation 1, a rotated padding that is not negative)."""

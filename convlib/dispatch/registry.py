@@ -51,6 +51,7 @@ _IMPLEMENTATIONS: dict[tuple[str, str, str], str] = {
     ("conv2d_backward_data", "cpu", "winograd"): "convlib.cpu.winograd_backward:DATA_F4",
     ("conv2d_backward_data", "cpu", "winograd2"): "convlib.cpu.winograd_backward:DATA_F2",
     ("conv2d_backward_data", "cpu", "winograd4"): "convlib.cpu.winograd_backward:DATA_F4",
+    ("conv2d_backward_data", "cpu", "depthwise"): "convlib.cpu.depthwise_backward:DATA",
     ("conv2d_backward_weight", "cpu", "direct"): "convlib.cpu.direct_backward:WEIGHT",
     ("conv2d_backward_weight", "cpu", "im2col"): "convlib.cpu.im2col_backward:WEIGHT",
     ("conv2d_backward_weight", "cpu", "blis"): "convlib.cpu.blis_backward:WEIGHT",

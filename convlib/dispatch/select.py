@@ -184,10 +184,15 @@ def _cpu_gradient_rules(problem: ConvProblem) -> list[tuple[str, str]]:
         # register block of direct's mostly empty, while blis's GEMM has the 9 taps as its rows;
         # direct took 1.6-1.7x blis' time there (8x8 to 56x56, 16-32 channels of dy; 3 channels:
         # 0.74-1.22x; Intel Xeon, session 41).
-        if (runs_as_forward(problem) and not (problem.groups == 1 and problem.C == 1)
-                and _cpu_rules(rotated_problem(problem))[0][0] == "direct"):
+        forward_choice = _cpu_rules(rotated_problem(problem))[0][0] if runs_as_forward(problem) else None
+        if forward_choice == "direct" and not (problem.groups == 1 and problem.C == 1):
             rules.append(("direct", "backward data at stride 1: the forward direct kernel on dy and the rotated "
                                     "filters, where the forward's rules pick direct for that problem"))
+        # A depthwise layer's rotated problem is depthwise again: its kernels, as for the forward
+        # (MobileNetV2's stride-1 depthwise layers at batch 8: blis took 1.6-2.7x torch's time).
+        if forward_choice == "depthwise":
+            rules.append(("depthwise", "backward data of a depthwise layer at stride 1: the forward depthwise "
+                                       "kernels on dy and the rotated filters"))
         return rules + [("blis", "backward data: the GEMM W^T dY with col2im in its store (no column matrix)")]
     if problem.operation == "conv2d_backward_weight":
         rules = []
