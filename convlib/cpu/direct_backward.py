@@ -22,7 +22,12 @@
   the rows in float64 (two-level summation: float32 keeps its accuracy over any batch). A task
   is one (k, c) pair and all its taps; it takes every tap of one (``dy`` row, ``x`` row) pair
   before the next, so both rows come from L1. No two threads write the same ``dw`` element,
-  and no per-thread copy of ``dw`` is needed. The products with padding (``dy * 0``) are skipped
+  and no per-thread copy of ``dw`` is needed. At stride 1 and dilation 1, on output rows of at
+  most :data:`WIDE_MAX_ROW` columns, the dot products run over *wide rows* instead: per image,
+  ``dy``'s plane laid out at the pitch of ``x``'s zero-padded plane, so each tap is one dot product
+  over the whole image (:func:`backward_weight_wide_kernel`); its results, when not all finite,
+  are computed again row by row (its extra products, zeros of ``dy`` times ``x``, are NaN where
+  ``x`` is inf). The products with padding (``dy * 0``) are skipped
   unless a channel of ``dy`` holds an inf or NaN; then they are added, so ``0 * inf`` is NaN
   there as in the definition (the forward pass multiplies its padding too).
 
@@ -42,12 +47,20 @@ from . import direct
 from .clipping import positions_inside
 from .exact import repair_nonfinite_input_gradient
 from .rotation import rotated_filters
+from .threads import thread_count
 
 #: Rows of ``dx`` (channels of one group) computed together, sharing each ``dy`` row they read.
 CHANNEL_BLOCK = 4
 #: The widest output row whose products the float32 weight pass sums in float32 (wider rows:
 #: in float64, about 10% slower on small images, where rows are short).
 FLOAT32_ROW_LIMIT = 1024
+#: The widest output row for which the weight pass at stride 1 and dilation 1 sums wide rows
+#: (:func:`backward_weight_wide_kernel`) rather than row by row: on rows this short a row's dot
+#: product is mostly its loop's overhead (Intel Xeon, session 42: 0.28-0.64x the time on 7x7 to
+#: 56x56 images with 3x3 filters, 1.06x on MobileNetV2's 112x112 depthwise layer).
+WIDE_MAX_ROW = 64
+#: Products a wide dot product sums in the input's dtype before adding them to its float64 total.
+WIDE_CHUNK = 1024
 
 
 @njit(cache=True, inline="always")
@@ -168,6 +181,55 @@ def backward_weight_kernel(x, dy, stride_h, stride_w, pad_top, pad_left, dil_h, 
                 dw[k, task % Cg, r, s] = totals[task, r * S + s]
 
 
+@njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
+def backward_weight_wide_kernel(x, dy, pad_top, pad_left, groups, R, S, c_parts, row_zero, totals):
+    """The weight pass at stride 1 and dilation 1 over *wide rows*: per image, ``dy[n, k]`` is laid
+    out with rows of pitch ``Ws = Q + S - 1`` (zeros past column ``Q``) and ``x[n, c]`` zero-padded
+    to ``P + R - 1`` rows of that pitch, so tap ``(r, s)`` is one dot product of ``P * Ws``
+    elements at offset ``r*Ws + s``, in chunks of :data:`WIDE_CHUNK` summed in float64 into
+    ``totals[k*Cg + c, r*S + s]``. A task is one filter and a share (``c_parts``) of its group's
+    channels, with its two planes in buffers of its own.
+
+    Every product of the definition is among them, padding included; the others multiply a zero
+    of ``dy``'s padded columns, which makes them NaN where ``x`` is inf or NaN: a result that is
+    not finite must be computed again by :func:`backward_weight_kernel`.
+    """
+    N, C, H, W = x.shape
+    K, P, Q = dy.shape[1], dy.shape[2], dy.shape[3]
+    Cg = C // groups
+    Kg = K // groups
+    Ws = Q + S - 1
+    Hp = P + R - 1
+    length = P * Ws
+    for task in prange(K * c_parts):
+        k = task // c_parts
+        part = task - k * c_parts
+        g = k // Kg
+        dy_wide = np.zeros(length, dy.dtype)
+        x_wide = np.zeros(Hp * Ws + S, x.dtype)
+        for n in range(N):
+            for p in range(P):
+                for q in range(Q):
+                    dy_wide[p * Ws + q] = dy[n, k, p, q]
+            for cc in range(part * Cg // c_parts, (part + 1) * Cg // c_parts):
+                c = g * Cg + cc
+                for hp in range(Hp):
+                    h = hp - pad_top
+                    for v in range(Ws):
+                        col = v - pad_left
+                        inside = h >= 0 and h < H and col >= 0 and col < W
+                        x_wide[hp * Ws + v] = x[n, c, h, col] if inside else 0
+                row = k * Cg + cc
+                for r in range(R):
+                    for s in range(S):
+                        off = np.uintp(r * Ws + s)
+                        for j0 in range(0, length, WIDE_CHUNK):
+                            chunk = row_zero[0]
+                            for j in range(np.uintp(j0), np.uintp(min(j0 + WIDE_CHUNK, length))):
+                                chunk += dy_wide[j] * x_wide[j + off]
+                            totals[row, r * S + s] += chunk
+
+
 @njit(parallel=True, cache=True)
 def add_padding_products(dy, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, H, W, dw):
     """The products with padding that :func:`backward_weight_kernel` skips are zero unless dy is
@@ -194,6 +256,20 @@ def add_padding_products(dy, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w
                     dw[k, task % Cg, r, s] += _padding_products(dy, k, r * dil_h - pad_top, stride_h, H, q_lo, q_hi)
 
 
+def _sums_wide_rows(problem: ConvProblem) -> bool:
+    """Whether the weight pass runs :func:`backward_weight_wide_kernel`: stride 1, dilation 1, a
+    filter of more than one tap and output rows of at most :data:`WIDE_MAX_ROW` (a 1x1 filter's
+    rows, and long rows, were faster row by row)."""
+    return (problem.stride == (1, 1) and problem.dilation == (1, 1) and problem.R * problem.S > 1
+            and problem.Q <= WIDE_MAX_ROW)
+
+
+def _channel_parts(problem: ConvProblem) -> int:
+    """Into how many shares of its channels the wide weight pass cuts each filter's task: enough
+    for about 16 tasks (a depthwise layer, one channel a filter: none)."""
+    return max(1, min(problem.C_per_group, -(-16 // problem.K)))
+
+
 class _Direct:
     """The implementation contract for one backward pass (see the module docstring)."""
 
@@ -206,12 +282,18 @@ class _Direct:
 
     def workspace_bytes(self, problem: ConvProblem, device=None) -> int:
         """Data at stride 1: the forward direct kernel's on the rotated problem, and the rotated
-        filters; otherwise nothing. Weight: the float64 totals of every ``dw`` element."""
+        filters; otherwise nothing. Weight: the float64 totals of every ``dw`` element, and for
+        wide rows each thread's two planes."""
         if self.operation == "conv2d_backward_data":
             if runs_as_forward(problem):
                 return direct.workspace_bytes(rotated_problem(problem)) + problem.K * problem.gemm_k * problem.itemsize
             return 0
-        return problem.K * problem.gemm_k * 8
+        totals = problem.K * problem.gemm_k * 8
+        if _sums_wide_rows(problem):
+            Ws = problem.Q + problem.S - 1
+            planes = problem.P * Ws + (problem.P + problem.R - 1) * Ws + problem.S
+            return totals + thread_count() * planes * problem.itemsize
+        return totals
 
     def run(self, problem: ConvProblem, *arrays):
         p = problem
@@ -233,6 +315,14 @@ class _Direct:
             backward_data_kernel(dy, w, bias_arr, has_bias, *geometry, CHANNEL_BLOCK, dx)
             return dx
         x, dy = arrays[:2]
+        if _sums_wide_rows(p):
+            totals = np.zeros((p.K * p.C_per_group, p.R * p.S))
+            backward_weight_wide_kernel(x, dy, p.pad_top, p.pad_left, p.groups, p.R, p.S, _channel_parts(p),
+                                        np.zeros(1, p.dtype), totals)
+            dw = totals.reshape(p.w_shape).astype(p.dtype)
+            if np.isfinite(dw).all():
+                return dw
+            # inf or NaN: maybe of a product no definition has (0 * inf past a row's end)
         dw = np.empty(p.w_shape, p.dtype)
         row_zero = np.zeros(1, np.float64 if p.Q > FLOAT32_ROW_LIMIT else p.dtype)
         backward_weight_kernel(x, dy, *geometry, row_zero, dw)
