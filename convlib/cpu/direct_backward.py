@@ -33,7 +33,8 @@
 
 The data pass allocates nothing beyond its result, but at stride 1, where it has the forward
 direct kernel's workspace and the rotated filters; the weight pass allocates its float64 row
-totals (``dw``'s elements, in float64) and one flag per channel of ``dy``. Compile cost: one
+totals (``dw``'s elements, in float64), one flag per channel of ``dy`` and, over wide rows, each
+task's two planes (one image's). Compile cost: one
 specialisation per dtype (``cache=True``); shapes and the geometry are run-time values.
 """
 
