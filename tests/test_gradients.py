@@ -297,10 +297,12 @@ def test_gradients_of_a_forward_convolution_by_finite_differences(rng):
 
 
 # -- accuracy of long reductions, bounded workspace -------------------------------------------
+@pytest.mark.parametrize("N, size", [(16, 128), (64, 64)])
 @pytest.mark.parametrize("backend, algo", [pytest.param(b, a, id=f"{b}-{a}")
                                            for _, b, a in registry.entries("conv2d_backward_weight")])
-def test_weight_gradient_of_a_large_batch_in_float32(backend, algo, rng):
-    """Each ``dw`` element of N=16 128x128 images sums M = 16*128*128 = 262144 products.
+def test_weight_gradient_of_a_large_batch_in_float32(backend, algo, N, size, rng):
+    """Each ``dw`` element of N=16 128x128 images (or 64 of 64x64, where the CPU's direct pass sums
+    wide rows in blocks of 1024 products: ``u*sqrt(1024/6)`` = 7.8e-7) sums M = 262144 products.
 
     With N(0, 1) inputs each product has variance 1, so ``|dw| ~ sqrt(M)``. A single float32
     running sum rounds its j-th addition by up to ``u*|s_j|`` (``u = eps/2 = 2**-24``) with
@@ -312,8 +314,8 @@ def test_weight_gradient_of_a_large_batch_in_float32(backend, algo, rng):
     what the running sum makes; a BLAS or a GEMM's KC-blocked sum is inside it too.
     """
     device = device_for(backend)
-    x = rng.standard_normal((16, 2, 128, 128)).astype(np.float32)
-    dy = rng.standard_normal((16, 2, 128, 128)).astype(np.float32)
+    x = rng.standard_normal((N, 2, size, size)).astype(np.float32)
+    dy = rng.standard_normal((N, 2, size, size)).astype(np.float32)
     w_shape = (2, 2, 3, 3)
     dw = np.asarray(convlib.conv2d_backward_weight(x, dy, w_shape, padding=1, algo=algo, device=device))
     ref = conv2d_backward_weight_reference(x, dy, w_shape, padding=(1, 1, 1, 1))
