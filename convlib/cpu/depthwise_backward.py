@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from ..core.problem import ConvProblem, rotated_problem, runs_as_forward
 from . import depthwise
-from .exact import repair_nonfinite_input_gradient
-from .rotation import rotated_filters
+from .rotation import data_pass_as_forward, rotated_filter_bytes
 
 
 class _DepthwiseData:
@@ -42,14 +41,10 @@ class _DepthwiseData:
     def workspace_bytes(self, problem: ConvProblem, device=None) -> int:
         """The forward depthwise kernels' workspace on the rotated problem, and the rotated
         filters."""
-        return depthwise.workspace_bytes(rotated_problem(problem)) + problem.K * problem.gemm_k * problem.itemsize
+        return depthwise.workspace_bytes(rotated_problem(problem)) + rotated_filter_bytes(problem)
 
     def run(self, problem: ConvProblem, dy, w, bias, device=None):
-        w_rotated, finite = rotated_filters(w, problem.groups)
-        dx = depthwise.run(rotated_problem(problem), dy, w_rotated, bias)
-        if not finite:  # 0 * inf in the rotated problem's padding
-            repair_nonfinite_input_gradient(problem, dy, w, bias, dx)
-        return dx
+        return data_pass_as_forward(problem, depthwise.run, dy, w, bias)
 
 
 #: ``conv2d_backward_data`` (and ``conv_transpose2d``) of depthwise layers by the depthwise kernels.

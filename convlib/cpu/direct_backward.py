@@ -46,8 +46,7 @@ from numba import njit, prange
 from ..core.problem import ConvProblem, rotated_problem, runs_as_forward
 from . import direct
 from .clipping import positions_inside
-from .exact import repair_nonfinite_input_gradient
-from .rotation import rotated_filters
+from .rotation import data_pass_as_forward, rotated_filter_bytes
 from .threads import thread_count
 
 #: Rows of ``dx`` (channels of one group) computed together, sharing each ``dy`` row they read.
@@ -287,7 +286,7 @@ class _Direct:
         wide rows each thread's two planes."""
         if self.operation == "conv2d_backward_data":
             if runs_as_forward(problem):
-                return direct.workspace_bytes(rotated_problem(problem)) + problem.K * problem.gemm_k * problem.itemsize
+                return direct.workspace_bytes(rotated_problem(problem)) + rotated_filter_bytes(problem)
             return 0
         totals = problem.K * problem.gemm_k * 8
         if _sums_wide_rows(problem):
@@ -305,11 +304,7 @@ class _Direct:
                 # The gather form is then the forward direct convolution of dy with the rotated
                 # filters: its register-blocked kernel instead of the loops below (the digits
                 # CNN's 16->32 layer: 0.91x blis' time, against 5-20x for the loops).
-                w_rotated, finite = rotated_filters(w, p.groups)
-                dx = direct.run(rotated_problem(p), dy, w_rotated, bias, None)
-                if not finite:  # 0 * inf in the rotated problem's padding
-                    repair_nonfinite_input_gradient(p, dy, w, bias, dx)
-                return dx
+                return data_pass_as_forward(p, direct.run, dy, w, bias)
             dx = np.empty(p.x_shape, p.dtype)
             has_bias = bias is not None
             bias_arr = bias if has_bias else np.zeros(1, p.dtype)

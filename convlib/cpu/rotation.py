@@ -1,7 +1,8 @@
 """The filters of a stride-1 convolution's data pass run as a forward one
 (:func:`convlib.core.problem.rotated_problem`): rotated by 180 degrees, their channel axes swapped
-per group. ``winograd`` (:mod:`convlib.cpu.winograd_backward`) and ``direct``
-(:mod:`convlib.cpu.direct_backward`) run their data passes on them.
+per group. ``winograd`` (:mod:`convlib.cpu.winograd_backward`), ``direct``
+(:mod:`convlib.cpu.direct_backward`) and ``depthwise`` (:mod:`convlib.cpu.depthwise_backward`) run
+their data passes on them, each through :func:`data_pass_as_forward`.
 
 The rotated problem multiplies ``w`` by the zeros of ``dy``'s padding, where the data pass has no
 product at all: with a non-finite ``w`` (``0 * inf`` is NaN) the elements that come out
@@ -15,6 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from ..core.problem import ConvProblem, rotated_problem
+from .exact import repair_nonfinite_input_gradient
 
 
 @njit(cache=True)
@@ -39,3 +43,22 @@ def rotated_filters(w: np.ndarray, groups: int) -> tuple[np.ndarray, bool]:
     K, Cg, R, S = w.shape
     out = np.empty((groups * Cg, K // groups, R, S), w.dtype)
     return out, bool(_rotate(w, groups, out))
+
+
+def rotated_filter_bytes(problem: ConvProblem) -> int:
+    """Bytes of the rotated filters: the workspace a data pass run as a forward one adds to its
+    forward kernel's."""
+    return problem.K * problem.gemm_k * problem.itemsize
+
+
+def data_pass_as_forward(problem: ConvProblem, run_forward, dy, w, bias, *, always_repair: bool = False):
+    """``dx`` of ``problem``'s stride-1 data pass by ``run_forward(rotated_problem, dy, w', bias,
+    None)`` (a forward implementation's ``run``; no device on the CPU) on the rotated filters
+    ``w'``. Its elements that come out non-finite are recomputed by the pass's definition when
+    ``w`` is not finite (``0 * inf`` in the rotated problem's padding), or always with
+    ``always_repair`` (Winograd's transforms spread an inf of ``dy`` over its tiles)."""
+    w_rotated, finite = rotated_filters(w, problem.groups)
+    dx = run_forward(rotated_problem(problem), dy, w_rotated, bias, None)
+    if always_repair or not finite:
+        repair_nonfinite_input_gradient(problem, dy, w, bias, dx)
+    return dx

@@ -18,8 +18,7 @@ every element the definition makes non-finite.
 from __future__ import annotations
 
 from ..core.problem import ConvProblem, rotated_problem
-from .exact import repair_nonfinite_input_gradient
-from .rotation import rotated_filters
+from .rotation import data_pass_as_forward, rotated_filter_bytes
 from .winograd import F2, F4
 
 
@@ -41,12 +40,10 @@ class _WinogradData:
     def workspace_bytes(self, problem: ConvProblem, device=None) -> int:
         """The forward Winograd's workspace on the rotated problem (bounded by its chunks) and the
         rotated filters."""
-        return self.forward.workspace_bytes(rotated_problem(problem)) + problem.K * problem.gemm_k * problem.itemsize
+        return self.forward.workspace_bytes(rotated_problem(problem)) + rotated_filter_bytes(problem)
 
     def run(self, problem: ConvProblem, dy, w, bias, device=None):
-        dx = self.forward.run(rotated_problem(problem), dy, rotated_filters(w, problem.groups)[0], bias)
-        repair_nonfinite_input_gradient(problem, dy, w, bias, dx)
-        return dx
+        return data_pass_as_forward(problem, self.forward.run, dy, w, bias, always_repair=True)
 
 
 #: ``conv2d_backward_data`` by F(4x4,3x3) (``winograd`` and ``winograd4``) and F(2x2,3x3).
