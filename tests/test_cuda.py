@@ -242,6 +242,31 @@ def test_auto_rules_on_cuda():
 
 
 @pytest.mark.parametrize("cublas", [True, False])
+def test_auto_takes_the_tf32_paths_of_3x3_layers_only_when_permitted(monkeypatch, cublas):
+    """With ``allow_tf32`` a float32 3x3 stride-1 layer leaves exact F(4x4) for F(2x2) with cuBLAS
+    TF32 GEMMs (14x14 and 7x7 images, cuBLAS present) or tensor-core blis (larger images, or no
+    cuBLAS); without it, and for float64, Winograd F(4x4) as before. The permission keys the plans."""
+    from convlib.dispatch import select
+
+    monkeypatch.setattr(select, "_cublas_expected", lambda: cublas)
+    everything = ["direct", "im2col", "blis", "winograd", "winograd2", "winograd4"]
+    large = ConvProblem(128, 128, 28, 28, 128, 3, 3, padding=(1, 1, 1, 1))
+    small = ConvProblem(128, 256, 14, 14, 256, 3, 3, padding=(1, 1, 1, 1))
+    before = select.selection_state()
+    with convlib.option_context(allow_tf32=True):
+        assert select.selection_state() != before
+        assert select.rule_choice(large, "cuda", everything)[0] == "blis"
+        assert select.rule_choice(small, "cuda", everything)[0] == ("winograd2" if cublas else "blis")
+        assert select.rule_choice(replace(small, dtype="float64"), "cuda", everything)[0] == "winograd"
+        assert select.rule_choice(replace(small, dtype="float16"), "cuda", everything)[0] == "blis"
+        thin = ConvProblem(8, 4, 64, 64, 4, 3, 3)
+        assert select.rule_choice(thin, "cuda", everything)[0] == "direct"
+    assert select.selection_state() == before
+    assert select.rule_choice(large, "cuda", everything)[0] == "winograd"
+    assert select.rule_choice(small, "cuda", everything)[0] == "winograd"
+
+
+@pytest.mark.parametrize("cublas", [True, False])
 def test_auto_multiplies_pointwise_layers_with_cublas_where_it_runs(monkeypatch, cublas):
     """1x1 layers with 14x14 or larger outputs go to im2col (at stride 1 its column matrix is the
     image; in float16 / bfloat16 only then, and without a bias) when im2col's GEMM is cuBLAS; to

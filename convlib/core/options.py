@@ -71,8 +71,9 @@ class Options:
         cuDNN's and PyTorch's ``allow_tf32``. A permission, not a request: it applies where a TF32
         path exists (on CUDA: ``blis``'s tensor-core kernel, the cuBLAS GEMMs of ``im2col`` and
         ``winograd2``) and everything else
-        stays exact. Default False: exact FP32, which ``auto`` also keeps. The ``allow_tf32``
-        keyword of :func:`convlib.conv2d` sets it for one call.
+        stays exact. Default False: exact FP32, which ``auto`` also keeps; when it is True,
+        ``auto`` on CUDA runs float32 3x3 stride-1 layers on those TF32 paths instead of the exact
+        Winograd F(4x4). The ``allow_tf32`` keyword of :func:`convlib.conv2d` sets it for one call.
     """
 
     workspace_cap: int = WORKSPACE_CAP
