@@ -339,3 +339,22 @@ def test_auto_within_ten_percent_judges_the_algorithm_it_picked():
     ]
     (auto,) = [row for row in summarize(records) if row["name"] == "auto"]
     assert auto["within_10pct_of_best"] == pytest.approx(2 / 3)
+
+
+def test_gpu_report_gives_auto_against_cudnn_in_the_same_precision():
+    """gpu_check's tables say what a user gets: ``auto`` against cuDNN FP32 and ``auto-tf32``
+    against cuDNN TF32, each as a geometric mean of time ratios over the layers both ran."""
+    from convlib.bench.gpu_report import auto_geomeans, resnet_table
+
+    def row(label, cudnn, tf32, auto, auto_tf32):
+        results = {"cudnn": {"gpu_ms": cudnn}, "cudnn-tf32": {"gpu_ms": tf32}, "auto": {"gpu_ms": auto}}
+        if auto_tf32 is not None:
+            results["auto-tf32"] = {"gpu_ms": auto_tf32}
+        return {"label": label, "gflop": 1.0, "results": results}
+
+    rows = [row("a", 1.0, 0.5, 0.5, 1.0), row("b", 1.0, 0.25, 2.0, 0.25), row("c", 3.0, 1.0, 3.0, None)]
+    geo = auto_geomeans(rows)
+    assert geo["auto"]["layers"] == 3 and abs(geo["auto"]["geomean"] - 1.0) < 1e-12  # 2, 0.5, 1
+    assert geo["auto-tf32"]["layers"] == 2 and abs(geo["auto-tf32"]["geomean"] - 0.5 ** 0.5) < 1e-12  # 0.5, 1
+    table, summary = resnet_table(rows)
+    assert summary["auto"] == geo and "auto-tf32 against cudnn-tf32" in table

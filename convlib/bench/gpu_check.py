@@ -388,7 +388,7 @@ def run_bench(args, result: dict, save) -> None:
             # blis multiplies the half values on tensor cores; im2col and Winograd widen them to
             # float32 copies first (the candidates that led before blis had tensor cores).
             winograd = ("winograd4",) if case.problem.is_winograd_shape else ()
-            row = bench_case(case.label, case.problem, ("blis", "im2col-cublas") + winograd, args.reps, dtype=dtype)
+            row = bench_case(case.label, case.problem, ("auto", "blis", "im2col-cublas") + winograd, args.reps, dtype=dtype)
             row["weight"] = case.weight
             result[HALF_TABLES[dtype]].append(row)
             save()
@@ -398,8 +398,8 @@ def run_bench(args, result: dict, save) -> None:
     for case in cases:
         winograd = (("winograd2", "winograd4", "winograd4-own", "winograd4-cublas-tf32")
                     if case.problem.is_winograd_shape else ())
-        row = bench_case(case.label, case.problem, ("blis", "blis-tf32", "im2col-own", "im2col-cublas",
-                                                    "im2col-cublas-tf32") + winograd, args.reps)
+        row = bench_case(case.label, case.problem, ("auto", "auto-tf32", "blis", "blis-tf32", "im2col-own",
+                                                    "im2col-cublas", "im2col-cublas-tf32") + winograd, args.reps)
         row["weight"] = case.weight
         row["winograd_shape"] = case.problem.is_winograd_shape
         result["resnet50"].append(row)

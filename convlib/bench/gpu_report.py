@@ -12,6 +12,26 @@ OUR_ALGOS = ("direct", "blis", "im2col-own", "im2col-cublas", "winograd2", "wino
 HALF_TABLES = {"float16": "resnet50_float16", "bfloat16": "resnet50_bfloat16"}
 #: Our candidates with ``allow_tf32=True`` (compared with cuDNN TF32, not in the exact columns).
 TF32_ALGOS = ("blis-tf32", "im2col-cublas-tf32", "winograd4-cublas-tf32")
+#: What a user gets, against cuDNN in the same precision: ``auto`` (exact FP32, or the half
+#: dtype) against cuDNN, ``auto-tf32`` (``auto`` with ``allow_tf32=True``) against cuDNN TF32.
+AUTO_PAIRS = (("auto", "cudnn"), ("auto-tf32", "cudnn-tf32"))
+
+
+def auto_geomeans(rows) -> dict:
+    """Per :data:`AUTO_PAIRS` present in ``rows``: the geometric mean over the rows of cuDNN's
+    time / ``auto``'s, and how many rows it is over."""
+    out = {}
+    for ours, theirs in AUTO_PAIRS:
+        ratios = [row["results"][theirs]["gpu_ms"] / row["results"][ours]["gpu_ms"] for row in rows
+                  if row["results"].get(ours, {}).get("gpu_ms") and row["results"].get(theirs, {}).get("gpu_ms")]
+        if ratios:
+            out[ours] = {"geomean": math.exp(statistics.fmean(math.log(r) for r in ratios)), "layers": len(ratios)}
+    return out
+
+
+def _auto_line(geo: dict) -> str:
+    return "\n" + "; ".join(f"{name} against {dict(AUTO_PAIRS)[name]} (its time / ours, geometric mean over "
+                            f"{v['layers']} layers): **{_fmt(v['geomean'])}**" for name, v in geo.items())
 
 
 def _fmt(v, digits=3):
@@ -95,6 +115,9 @@ def resnet_table(rows) -> tuple[str, dict]:
     geo["tf32 best ours"] = math.exp(statistics.fmean(math.log(r) for r in tf32)) if tf32 else None
     lines.append(f"\nTF32 allowed (allow_tf32=True; {', '.join(TF32_ALGOS)}): best ours / cuDNN TF32, "
                  f"geometric mean over {len(tf32)} layers: {_fmt(geo['tf32 best ours'])}")
+    geo["auto"] = auto_geomeans(rows)
+    if geo["auto"]:
+        lines.append(_auto_line(geo["auto"]))
     wino = {n: (math.exp(statistics.fmean(math.log(r) for r in v)) if v else None) for n, v in winograd_ratios.items()}
     geo["3x3 stride 1"] = wino
     lines.append("\n3x3 stride-1 layers, throughput / cuDNN FP32, geometric mean: "
@@ -158,4 +181,6 @@ def half_table(rows, dtype) -> tuple[str, float | None]:
         lines.append(f"| {row['label']} | {row['gflop']:.1f} | " + " | ".join(_fmt(rate[n]) for n in names) + f" | {_fmt(best)} |")
     geo = math.exp(statistics.fmean(math.log(r) for r in best_ratios)) if best_ratios else None
     lines.append(f"| **geometric mean, best ours / cuDNN {dtype}** | | " + " | ".join("" for _ in names) + f" | **{_fmt(geo)}** |")
+    if auto := auto_geomeans(rows):
+        lines.append(_auto_line(auto))
     return "\n".join(lines), geo
