@@ -23,9 +23,10 @@
   is one (k, c) pair and all its taps; it takes every tap of one (``dy`` row, ``x`` row) pair
   before the next, so both rows come from L1. No two threads write the same ``dw`` element,
   and no per-thread copy of ``dw`` is needed. At stride 1 and dilation 1, on output rows of at
-  most :data:`WIDE_MAX_ROW` columns, the dot products run over *wide rows* instead: per image,
-  ``dy``'s plane laid out at the pitch of ``x``'s zero-padded plane, so each tap is one dot product
-  over the whole image (:func:`backward_weight_wide_kernel`); its results, when not all finite,
+  most :data:`WIDE_MAX_ROW` columns, the dot products run over *wide rows* instead: ``dy``'s
+  planes laid out at the pitch of ``x``'s zero-padded planes, a few images one after another, so
+  each tap is one dot product over all of them (:func:`backward_weight_wide_kernel`; a 3x3
+  filter's nine in one pass); its results, when not all finite,
   are computed again row by row (its extra products, zeros of ``dy`` times ``x``, are NaN where
   ``x`` is inf). The products with padding (``dy * 0``) are skipped
   unless a channel of ``dy`` holds an inf or NaN; then they are added, so ``0 * inf`` is NaN
@@ -34,7 +35,7 @@
 The data pass allocates nothing beyond its result, but at stride 1, where it has the forward
 direct kernel's workspace and the rotated filters; the weight pass allocates its float64 row
 totals (``dw``'s elements, in float64), one flag per channel of ``dy`` and, over wide rows, each
-task's two planes (one image's). Compile cost: one
+task's two buffers (a few images' planes). Compile cost: one
 specialisation per dtype (``cache=True``); shapes and the geometry are run-time values.
 """
 
@@ -61,6 +62,9 @@ FLOAT32_ROW_LIMIT = 1024
 WIDE_MAX_ROW = 64
 #: Products a wide dot product sums in the input's dtype before adding them to its float64 total.
 WIDE_CHUNK = 1024
+#: Elements of each of a task's two wide-row buffers (as many images as fit, at least one): with
+#: float32 both stay in a 48 KiB L1 while their dot products run.
+WIDE_BUFFER_ELEMENTS = 4096
 
 
 @njit(cache=True, inline="always")
@@ -181,45 +185,104 @@ def backward_weight_kernel(x, dy, stride_h, stride_w, pad_top, pad_left, dil_h, 
                 dw[k, task % Cg, r, s] = totals[task, r * S + s]
 
 
+@njit(inline="always")
+def _copy_wide_dy(dy_flat, K, P, Q, k, n0, n1, L, Ws, dy_wide):
+    """Channel ``k`` of images ``n0 .. n1`` of ``dy`` into ``dy_wide``: image ``n`` from ``(n - n0)
+    * L`` on, its rows at pitch ``Ws``. Only the rows' ``Q`` columns are written: the rest of the
+    buffer stays as it was zeroed."""
+    for n in range(n0, n1):
+        for p in range(P):
+            dst = np.uintp((n - n0) * L + p * Ws)
+            src = np.uintp(((n * K + k) * P + p) * Q)
+            for q in range(np.uintp(Q)):
+                dy_wide[dst + q] = dy_flat[src + q]
+
+
+@njit(inline="always")
+def _copy_wide_x(x_flat, C, H, W, c, n0, n1, L, Ws, pad_top, pad_left, x_wide):
+    """Channel ``c`` of images ``n0 .. n1`` of ``x`` into ``x_wide`` as zero-padded planes of pitch
+    ``Ws`` (image ``n`` from ``(n - n0) * L`` on): only the image's own elements are written, the
+    padding around them stays as it was zeroed."""
+    for n in range(n0, n1):
+        for h in range(H):
+            dst = np.uintp((n - n0) * L + (h + pad_top) * Ws + pad_left)
+            src = np.uintp(((n * C + c) * H + h) * W)
+            for v in range(np.uintp(W)):
+                x_wide[dst + v] = x_flat[src + v]
+
+
+@njit(inline="always")
+def _sum_nine_taps(dy_wide, x_wide, length, Ws, row_zero, totals, row):
+    """A 3x3 filter's nine dot products at once: one pass over ``dy_wide`` with every tap's sum in
+    the loop, so each ``dy`` vector is loaded once for nine FMAs (tap by tap it was loaded nine
+    times, and each dot product ended in a reduction of its own). In chunks of
+    :data:`WIDE_CHUNK`, each chunk's sums added to the float64 ``totals``."""
+    o3, o4, o5 = np.uintp(Ws), np.uintp(Ws + 1), np.uintp(Ws + 2)
+    o6, o7, o8 = np.uintp(2 * Ws), np.uintp(2 * Ws + 1), np.uintp(2 * Ws + 2)
+    one, two = np.uintp(1), np.uintp(2)
+    for j0 in range(0, length, WIDE_CHUNK):
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = row_zero[0]
+        for j in range(np.uintp(j0), np.uintp(min(j0 + WIDE_CHUNK, length))):
+            d = dy_wide[j]
+            a0 += d * x_wide[j]
+            a1 += d * x_wide[j + one]
+            a2 += d * x_wide[j + two]
+            a3 += d * x_wide[j + o3]
+            a4 += d * x_wide[j + o4]
+            a5 += d * x_wide[j + o5]
+            a6 += d * x_wide[j + o6]
+            a7 += d * x_wide[j + o7]
+            a8 += d * x_wide[j + o8]
+        totals[row, 0] += a0
+        totals[row, 1] += a1
+        totals[row, 2] += a2
+        totals[row, 3] += a3
+        totals[row, 4] += a4
+        totals[row, 5] += a5
+        totals[row, 6] += a6
+        totals[row, 7] += a7
+        totals[row, 8] += a8
+
+
 @njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
-def backward_weight_wide_kernel(x, dy, pad_top, pad_left, groups, R, S, c_parts, row_zero, totals):
-    """The weight pass at stride 1 and dilation 1 over *wide rows*: per image, ``dy[n, k]`` is laid
-    out with rows of pitch ``Ws = Q + S - 1`` (zeros past column ``Q``) and ``x[n, c]`` zero-padded
-    to ``P + R - 1`` rows of that pitch, so tap ``(r, s)`` is one dot product of ``P * Ws``
-    elements at offset ``r*Ws + s``, in chunks of :data:`WIDE_CHUNK` summed in float64 into
-    ``totals[k*Cg + c, r*S + s]``. A task is one filter and a share (``c_parts``) of its group's
-    channels, with its two planes in buffers of its own.
+def backward_weight_wide_kernel(x, dy, pad_top, pad_left, groups, R, S, c_parts, chunk_images, row_zero, totals):
+    """The weight pass at stride 1 and dilation 1 over *wide rows*: ``dy[n, k]`` laid out with rows
+    of pitch ``Ws = Q + S - 1`` (zeros past column ``Q``) and ``x[n, c]`` zero-padded to ``P + R - 1``
+    rows of that pitch, ``chunk_images`` images one after another (``L`` elements each), so tap
+    ``(r, s)`` is one dot product over all of them at offset ``r*Ws + s``, in chunks of
+    :data:`WIDE_CHUNK` summed in float64 into ``totals[k*Cg + c, r*S + s]`` (a 3x3 filter's nine
+    at once: :func:`_sum_nine_taps`). A task is one filter and a share (``c_parts``) of its
+    group's channels, with its two buffers of its own, zeroed once: the copies write only the
+    images' elements, so the padding between them stays zero.
 
     Every product of the definition is among them, padding included; the others multiply a zero
-    of ``dy``'s padded columns, which makes them NaN where ``x`` is inf or NaN: a result that is
-    not finite must be computed again by :func:`backward_weight_kernel`.
+    of ``dy``'s padding, which makes them NaN where ``x`` is inf or NaN: a result that is not
+    finite must be computed again by :func:`backward_weight_kernel`.
     """
     N, C, H, W = x.shape
     K, P, Q = dy.shape[1], dy.shape[2], dy.shape[3]
     Cg = C // groups
     Kg = K // groups
     Ws = Q + S - 1
-    Hp = P + R - 1
-    length = P * Ws
+    L = (P + R - 1) * Ws + S
+    x_flat = x.reshape(-1)
+    dy_flat = dy.reshape(-1)
     for task in prange(K * c_parts):
         k = task // c_parts
         part = task - k * c_parts
         g = k // Kg
-        dy_wide = np.zeros(length, dy.dtype)
-        x_wide = np.zeros(Hp * Ws + S, x.dtype)
-        for n in range(N):
-            for p in range(P):
-                for q in range(Q):
-                    dy_wide[p * Ws + q] = dy[n, k, p, q]
+        dy_wide = np.zeros(chunk_images * L, dy.dtype)
+        x_wide = np.zeros(chunk_images * L + (R - 1) * Ws + S, x.dtype)
+        for n0 in range(0, N, chunk_images):
+            n1 = min(N, n0 + chunk_images)
+            _copy_wide_dy(dy_flat, K, P, Q, k, n0, n1, L, Ws, dy_wide)
+            length = (n1 - n0) * L
             for cc in range(part * Cg // c_parts, (part + 1) * Cg // c_parts):
-                c = g * Cg + cc
-                for hp in range(Hp):
-                    h = hp - pad_top
-                    for v in range(Ws):
-                        col = v - pad_left
-                        inside = h >= 0 and h < H and col >= 0 and col < W
-                        x_wide[hp * Ws + v] = x[n, c, h, col] if inside else 0
+                _copy_wide_x(x_flat, C, H, W, g * Cg + cc, n0, n1, L, Ws, pad_top, pad_left, x_wide)
                 row = k * Cg + cc
+                if R == 3 and S == 3:
+                    _sum_nine_taps(dy_wide, x_wide, length, Ws, row_zero, totals, row)
+                    continue
                 for r in range(R):
                     for s in range(S):
                         off = np.uintp(r * Ws + s)
@@ -264,6 +327,14 @@ def _sums_wide_rows(problem: ConvProblem) -> bool:
             and problem.Q <= WIDE_MAX_ROW)
 
 
+def _wide_geometry(problem: ConvProblem) -> tuple[int, int, int]:
+    """``(Ws, L, chunk_images)`` of the wide rows: their pitch, the elements of one image's planes,
+    and the images a buffer holds (about :data:`WIDE_BUFFER_ELEMENTS`, at least one)."""
+    Ws = problem.Q + problem.S - 1
+    L = (problem.P + problem.R - 1) * Ws + problem.S
+    return Ws, L, max(1, min(problem.N, WIDE_BUFFER_ELEMENTS // L))
+
+
 def _channel_parts(problem: ConvProblem) -> int:
     """Into how many shares of its channels the wide weight pass cuts each filter's task: enough
     for about 16 tasks (a depthwise layer, one channel a filter: none)."""
@@ -290,9 +361,9 @@ class _Direct:
             return 0
         totals = problem.K * problem.gemm_k * 8
         if _sums_wide_rows(problem):
-            Ws = problem.Q + problem.S - 1
-            planes = problem.P * Ws + (problem.P + problem.R - 1) * Ws + problem.S
-            return totals + thread_count() * planes * problem.itemsize
+            Ws, L, chunk_images = _wide_geometry(problem)
+            buffers = 2 * chunk_images * L + (problem.R - 1) * Ws + problem.S
+            return totals + thread_count() * buffers * problem.itemsize
         return totals
 
     def run(self, problem: ConvProblem, *arrays):
@@ -314,7 +385,7 @@ class _Direct:
         if _sums_wide_rows(p):
             totals = np.zeros((p.K * p.C_per_group, p.R * p.S))
             backward_weight_wide_kernel(x, dy, p.pad_top, p.pad_left, p.groups, p.R, p.S, _channel_parts(p),
-                                        np.zeros(1, p.dtype), totals)
+                                        _wide_geometry(p)[2], np.zeros(1, p.dtype), totals)
             dw = totals.reshape(p.w_shape).astype(p.dtype)
             if np.isfinite(dw).all():
                 return dw
