@@ -158,14 +158,27 @@ def test_data_pass_rule_for_depthwise_layers(stride, expected):
 
 
 @pytest.mark.parametrize("C, K, groups, expected", [(96, 96, 96, "direct"), (3, 1, 1, "direct"), (1, 1, 1, "blis"),
-                                                    (16, 32, 1, "blis"), (32, 64, 32, "blis")])
-def test_weight_pass_rule_for_one_filter_per_group(C, K, groups, expected):
-    """The weight pass runs direct where each group has one filter and there are at least three
-    (filter, channel) pairs for the threads to share; blis otherwise (several filters per group,
-    or a single-channel filter)."""
+                                                    (16, 32, 1, "blis"), (32, 64, 32, "direct"), (1, 16, 1, "direct"),
+                                                    (1, 64, 1, "direct"), (16, 8, 1, "direct"), (3, 16, 1, "blis")])
+def test_weight_pass_rule_for_few_filters_per_group(C, K, groups, expected):
+    """The weight pass runs direct where each group has one filter, or (3x3 at stride 1 on short
+    rows) few filters or one channel per group, and there are at least three (filter, channel)
+    pairs for the threads to share; blis otherwise (many filters over several channels, or a single
+    single-channel filter)."""
     problem = make_backward_weight_problem((8, C, 28, 28), (8, K, 28, 28), (K, C // groups, 3, 3), np.float32,
                                            np.float32, padding=1, groups=groups)
     assert rule_choice(problem, "cpu", ["direct", "blis"])[0] == expected
+
+
+@pytest.mark.parametrize("stride, size, filter_size", [(2, 28, 3), (1, 112, 3), (1, 28, 5)])
+def test_weight_pass_rule_keeps_few_filters_on_blis_off_the_wide_rows(stride, size, filter_size):
+    """Few filters over several channels go to direct only where it sums a 3x3 filter's wide rows:
+    not at stride 2, not on rows wider than the knob's, not for other filter sizes."""
+    pad = filter_size // 2
+    P = (size + 2 * pad - filter_size) // stride + 1
+    problem = make_backward_weight_problem((8, 16, size, size), (8, 8, P, P), (8, 16, filter_size, filter_size),
+                                           np.float32, np.float32, stride=stride, padding=pad)
+    assert rule_choice(problem, "cpu", ["direct", "blis"])[0] == "blis"
 
 
 # -- device identity: a measured choice is found again for the same device, never for another ----

@@ -596,6 +596,14 @@ def runs_as_forward(problem: ConvProblem) -> bool:
             and max(top, bottom) <= problem.R - 1 and max(left, right) <= problem.S - 1)
 
 
+def sums_wide_rows(problem: ConvProblem, max_row: int) -> bool:
+    """Whether direct's weight pass sums ``problem``'s products over *wide rows*
+    (:mod:`convlib.cpu.direct_backward`): stride 1, dilation 1, a filter of more than one tap and
+    output rows of at most ``max_row`` columns. Here because ``auto``'s rules ask it too."""
+    return (problem.stride == (1, 1) and problem.dilation == (1, 1) and problem.R * problem.S > 1
+            and problem.Q <= max_row)
+
+
 @functools.lru_cache(maxsize=256)
 def rotated_problem(problem: ConvProblem) -> ConvProblem:
     """The forward convolution whose output is the data pass's ``dx``: input ``dy``, filters

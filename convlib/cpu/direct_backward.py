@@ -23,7 +23,7 @@
   is one (k, c) pair and all its taps; it takes every tap of one (``dy`` row, ``x`` row) pair
   before the next, so both rows come from L1. No two threads write the same ``dw`` element,
   and no per-thread copy of ``dw`` is needed. At stride 1 and dilation 1, on output rows of at
-  most :data:`WIDE_MAX_ROW` columns, the dot products run over *wide rows* instead: ``dy``'s
+  most ``direct_weight_wide_max_row`` columns (a knob), the dot products run over *wide rows* instead: ``dy``'s
   planes laid out at the pitch of ``x``'s zero-padded planes, a few images one after another, so
   each tap is one dot product over all of them (:func:`backward_weight_wide_kernel`; a 3x3
   filter's nine in one pass); its results, when not all finite,
@@ -44,10 +44,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..core.problem import ConvProblem, rotated_problem, runs_as_forward
+from ..core.problem import ConvProblem, rotated_problem, runs_as_forward, sums_wide_rows
 from . import direct
 from .clipping import positions_inside
 from .rotation import data_pass_as_forward, rotated_filter_bytes
+from .tables import KNOBS
 from .threads import thread_count
 
 #: Rows of ``dx`` (channels of one group) computed together, sharing each ``dy`` row they read.
@@ -55,11 +56,6 @@ CHANNEL_BLOCK = 4
 #: The widest output row whose products the float32 weight pass sums in float32 (wider rows:
 #: in float64, about 10% slower on small images, where rows are short).
 FLOAT32_ROW_LIMIT = 1024
-#: The widest output row for which the weight pass at stride 1 and dilation 1 sums wide rows
-#: (:func:`backward_weight_wide_kernel`) rather than row by row: on rows this short a row's dot
-#: product is mostly its loop's overhead (Intel Xeon, session 42: 0.28-0.64x the time on 7x7 to
-#: 56x56 images with 3x3 filters, 1.06x on MobileNetV2's 112x112 depthwise layer).
-WIDE_MAX_ROW = 64
 #: Products a wide dot product sums in the input's dtype before adding them to its float64 total.
 WIDE_CHUNK = 1024
 #: Elements of each of a task's two wide-row buffers (as many images as fit, at least one): with
@@ -321,10 +317,9 @@ def add_padding_products(dy, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w
 
 def _sums_wide_rows(problem: ConvProblem) -> bool:
     """Whether the weight pass runs :func:`backward_weight_wide_kernel`: stride 1, dilation 1, a
-    filter of more than one tap and output rows of at most :data:`WIDE_MAX_ROW` (a 1x1 filter's
-    rows, and long rows, were faster row by row)."""
-    return (problem.stride == (1, 1) and problem.dilation == (1, 1) and problem.R * problem.S > 1
-            and problem.Q <= WIDE_MAX_ROW)
+    filter of more than one tap and output rows of at most the ``direct_weight_wide_max_row`` knob's
+    columns (a 1x1 filter's rows, and long rows, were faster row by row)."""
+    return sums_wide_rows(problem, KNOBS.direct_weight_wide_max_row)
 
 
 def _wide_geometry(problem: ConvProblem) -> tuple[int, int, int]:

@@ -339,6 +339,10 @@ KNOBS = KnobTable("cpu", [
          "In place took 0.69-0.91x the time of gathering on 32-128 MiB inputs on a Zen 4 and 0.76-0.88x on 256 MiB "
          "ones on the Xeon host (docs/benchmarks.md, session 40); on Zen 5 gathering had won at 32 MiB (10.3 against "
          "12.5 ms, an earlier kernel): python -m convlib.tune measures both and lowers the limit where gathering wins"),
+    Knob("direct_weight_wide_max_row", 64, "the widest output row whose weight pass direct sums as wide rows at "
+         "stride 1 and dilation 1 (convlib.cpu.direct_backward) rather than row by row: on rows this short a row's "
+         "dot product is mostly its loop's overhead (Intel Xeon, session 42: 0.28-0.64x the time on 7x7 to 56x56 "
+         "images with 3x3 filters, 1.06x on MobileNetV2's 112x112 depthwise layer)"),
     Knob("direct_serial_below_flops", 10_000_000, "direct problems with fewer FLOPs (~0.2 ms on one core) "
          "run on one thread: waking the others costs more than it saves"),
     # -- depthwise -------------------------------------------------------------------------
@@ -399,6 +403,11 @@ KNOBS = KnobTable("cpu", [
          "many filters per group ..."),
     Knob("auto_direct_max_reduction", 512, "... and up to this reduction: packing B costs blis more than "
          "direct's re-reads of the image (ResNet-50's stem)"),
+    Knob("auto_direct_weight_max_filters", 8, "auto runs the weight pass of a 3x3 stride-1 layer whose output rows "
+         "direct sums as wide rows (direct_weight_wide_max_row) by direct up to this many filters per group, "
+         "and with one channel per group at any count: blis's GEMM has few rows there, direct's nine taps share "
+         "each dy load (Intel Xeon, session 43: up to 8 filters 0.19-0.84x blis' time on 8x8 to 56x56 images "
+         "with 1-16 channels; one channel 0.35-0.92x up to 64 filters; 16 filters over 3-16 channels 0.78-2.3x)"),
     # -- winograd --------------------------------------------------------------------------
     Knob("winograd_chunk_bytes", 4 * 2**20, "target bytes of one chunk's transformed input plus GEMM output "
          "(V + M), derived as a quarter of the last-level cache within 2-8 MiB, so both stay in it between "

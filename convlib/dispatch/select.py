@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field, replace
 
 from ..core.options import options
-from ..core.problem import ConvProblem, rotated_problem, runs_as_forward
+from ..core.problem import ConvProblem, rotated_problem, runs_as_forward, sums_wide_rows
 from ..cpu.tables import KNOBS as CPU_KNOBS
 from . import registry, tuning
 from .devices import ResolvedDevice
@@ -217,6 +217,14 @@ def _cpu_gradient_rules(problem: ConvProblem) -> list[tuple[str, str]]:
         if problem.K_per_group == 1 and problem.K * problem.C_per_group >= 3:
             rules.append(("direct", "backward weight with one filter per group: each (filter, channel) pair's "
                                     "row dot products"))
+        # A 3x3 stride-1 layer on short rows, with few filters per group or one channel: direct sums
+        # wide rows, all nine taps per load of dy, where blis's GEMM has few rows or a reduction of
+        # nine (knob auto_direct_weight_max_filters, measured there).
+        elif ((problem.R, problem.S) == (3, 3) and sums_wide_rows(problem, CPU_KNOBS.direct_weight_wide_max_row)
+              and (problem.K_per_group <= CPU_KNOBS.auto_direct_weight_max_filters or problem.C_per_group == 1)
+              and problem.K * problem.C_per_group >= 3):
+            rules.append(("direct", "backward weight of a 3x3 stride-1 layer with few filters or one channel per "
+                                    "group: all nine taps' dot products in one pass over wide rows"))
         return rules + [("blis", "backward weight: the GEMM dY Cols^T, both packed from the tensors, the batch "
                                  "summed inside it")]
     return []
