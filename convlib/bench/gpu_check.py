@@ -338,6 +338,9 @@ def main(argv=None) -> int:
     parser.add_argument("--precisions", default="float32", help="comma-separated dtypes of the ResNet-50 tables: "
                         "float32 (exact, and TF32 opt-in), float16, bfloat16 (each against cuDNN in that dtype)")
     parser.add_argument("--skip-seed", action="store_true", help="skip the seed shape and its sweeps")
+    parser.add_argument("--algos", default="", help="comma-separated candidates of the ResNet-50 tables instead of "
+                        "the full set (e.g. 'auto,auto-tf32': what a user gets, 23 layers in one short call); "
+                        "'-tf32' names are timed in float32 only")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -379,6 +382,7 @@ def run_bench(args, result: dict, save) -> None:
     if wanted:
         cases = [case for case in cases if any(part in case.label for part in wanted)]
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    chosen = tuple(a.strip() for a in args.algos.split(",") if a.strip())
     unknown = set(precisions) - set(HALF_TABLES) - {"float32"}
     if unknown:
         raise SystemExit(f"--precisions: unknown {sorted(unknown)}; allowed are float32, {', '.join(HALF_TABLES)}")
@@ -388,7 +392,9 @@ def run_bench(args, result: dict, save) -> None:
             # blis multiplies the half values on tensor cores; im2col and Winograd widen them to
             # float32 copies first (the candidates that led before blis had tensor cores).
             winograd = ("winograd4",) if case.problem.is_winograd_shape else ()
-            row = bench_case(case.label, case.problem, ("auto", "blis", "im2col-cublas") + winograd, args.reps, dtype=dtype)
+            algos = (tuple(a for a in chosen if not a.endswith("-tf32")) if chosen
+                     else ("auto", "blis", "im2col-cublas") + winograd)
+            row = bench_case(case.label, case.problem, algos, args.reps, dtype=dtype)
             row["weight"] = case.weight
             result[HALF_TABLES[dtype]].append(row)
             save()
@@ -398,8 +404,9 @@ def run_bench(args, result: dict, save) -> None:
     for case in cases:
         winograd = (("winograd2", "winograd4", "winograd4-own", "winograd4-cublas-tf32")
                     if case.problem.is_winograd_shape else ())
-        row = bench_case(case.label, case.problem, ("auto", "auto-tf32", "blis", "blis-tf32", "im2col-own",
-                                                    "im2col-cublas", "im2col-cublas-tf32") + winograd, args.reps)
+        algos = chosen or ("auto", "auto-tf32", "blis", "blis-tf32", "im2col-own", "im2col-cublas",
+                           "im2col-cublas-tf32") + winograd
+        row = bench_case(case.label, case.problem, algos, args.reps)
         row["weight"] = case.weight
         row["winograd_shape"] = case.problem.is_winograd_shape
         result["resnet50"].append(row)
