@@ -323,6 +323,28 @@ def test_weight_gradient_of_a_large_batch_in_float32(backend, algo, N, size, rng
     assert relative_error(dw, ref) <= 4 * u * np.sqrt(128)
 
 
+@pytest.mark.parametrize("filter_shape, groups", [((3, 3), 1), ((3, 3), 4), ((5, 5), 1), ((2, 3), 2)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_direct_weight_wide_rows_across_partly_filled_buffers(filter_shape, groups, dtype, monkeypatch, rng):
+    """direct's wide weight pass holds a few images per buffer; with buffers of two images, five
+    images make two full buffers and one holding a single image over the last's stale planes. The
+    nine-tap pass (3x3) and the tap-by-tap one (other filters) against the float64 reference."""
+    from convlib.core.problem import make_backward_weight_problem
+    from convlib.cpu import direct_backward
+
+    R, S = filter_shape
+    x = rng.standard_normal((5, 4, 11, 13))
+    problem = make_backward_weight_problem(x.shape, (5, 8, 11 + 2 - R + 1, 13 + 2 - S + 1), (8, 4 // groups, R, S),
+                                           dtype, dtype, padding=1, groups=groups)
+    dy = rng.standard_normal(problem.y_shape)
+    wide = direct_backward._wide_rows(problem)
+    monkeypatch.setattr(direct_backward, "WIDE_BUFFER_ELEMENTS", 2 * wide.L)
+    assert direct_backward._sums_wide_rows(problem) and direct_backward._wide_rows(problem).chunk_images == 2
+    dw = direct_backward.WEIGHT.run(problem, x.astype(dtype), dy.astype(dtype))
+    ref = conv2d_backward_weight_reference(x, dy, problem.w_shape, padding=(1, 1, 1, 1), groups=groups)
+    assert relative_error(dw, ref) <= TOLERANCE[np.dtype(dtype).name]
+
+
 def _blis_cpu_operations():
     return [op for op in BACKWARD_OPERATIONS if ("cpu", "blis") in {(b, a) for _, b, a in registry.entries(op)}]
 

@@ -14,23 +14,29 @@ HALF_TABLES = {"float16": "resnet50_float16", "bfloat16": "resnet50_bfloat16"}
 TF32_ALGOS = ("blis-tf32", "im2col-cublas-tf32", "winograd4-cublas-tf32")
 #: What a user gets, against cuDNN in the same precision: ``auto`` (exact FP32, or the half
 #: dtype) against cuDNN, ``auto-tf32`` (``auto`` with ``allow_tf32=True``) against cuDNN TF32.
-AUTO_PAIRS = (("auto", "cudnn"), ("auto-tf32", "cudnn-tf32"))
+AUTO_PAIRS = {"auto": "cudnn", "auto-tf32": "cudnn-tf32"}
+
+
+def _geomean(values) -> float | None:
+    """The geometric mean of ``values``, None when there are none."""
+    values = list(values)
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
 
 
 def auto_geomeans(rows) -> dict:
     """Per :data:`AUTO_PAIRS` present in ``rows``: the geometric mean over the rows of cuDNN's
     time / ``auto``'s, and how many rows it is over."""
     out = {}
-    for ours, theirs in AUTO_PAIRS:
+    for ours, theirs in AUTO_PAIRS.items():
         ratios = [row["results"][theirs]["gpu_ms"] / row["results"][ours]["gpu_ms"] for row in rows
                   if row["results"].get(ours, {}).get("gpu_ms") and row["results"].get(theirs, {}).get("gpu_ms")]
         if ratios:
-            out[ours] = {"geomean": math.exp(statistics.fmean(math.log(r) for r in ratios)), "layers": len(ratios)}
+            out[ours] = {"geomean": _geomean(ratios), "layers": len(ratios)}
     return out
 
 
 def _auto_line(geo: dict) -> str:
-    return "\n" + "; ".join(f"{name} against {dict(AUTO_PAIRS)[name]} (its time / ours, geometric mean over "
+    return "\n" + "; ".join(f"{name} against {AUTO_PAIRS[name]} (its time / ours, geometric mean over "
                             f"{v['layers']} layers): **{_fmt(v['geomean'])}**" for name, v in geo.items())
 
 
@@ -101,8 +107,8 @@ def resnet_table(rows) -> tuple[str, dict]:
                     winograd_ratios[n].append(rate[n] / cudnn)
         lines.append(f"| {row['label']} | {row['gflop']:.1f} | " + " | ".join(_fmt(rate[n]) for n in names)
                      + f" | {_fmt(best)} |")
-    geo = {n: (math.exp(statistics.fmean(math.log(r) for r in v)) if v else None) for n, v in ratios.items()}
-    geo["best ours"] = math.exp(statistics.fmean(math.log(r) for r in best_ratios)) if best_ratios else None
+    geo = {n: _geomean(v) for n, v in ratios.items()}
+    geo["best ours"] = _geomean(best_ratios)
     lines.append("| **geometric mean of throughput / cuDNN FP32** | | " + " | ".join(_fmt(geo[n]) for n in names)
                  + f" | **{_fmt(geo['best ours'])}** |")
     tf32 = []
@@ -112,13 +118,13 @@ def resnet_table(rows) -> tuple[str, dict]:
         ours = [res[a]["gpu_ms"] for a in TF32_ALGOS if res.get(a, {}).get("gpu_ms")]
         if theirs and ours:
             tf32.append(theirs / min(ours))
-    geo["tf32 best ours"] = math.exp(statistics.fmean(math.log(r) for r in tf32)) if tf32 else None
+    geo["tf32 best ours"] = _geomean(tf32)
     lines.append(f"\nTF32 allowed (allow_tf32=True; {', '.join(TF32_ALGOS)}): best ours / cuDNN TF32, "
                  f"geometric mean over {len(tf32)} layers: {_fmt(geo['tf32 best ours'])}")
     geo["auto"] = auto_geomeans(rows)
     if geo["auto"]:
         lines.append(_auto_line(geo["auto"]))
-    wino = {n: (math.exp(statistics.fmean(math.log(r) for r in v)) if v else None) for n, v in winograd_ratios.items()}
+    wino = {n: _geomean(v) for n, v in winograd_ratios.items()}
     geo["3x3 stride 1"] = wino
     lines.append("\n3x3 stride-1 layers, throughput / cuDNN FP32, geometric mean: "
                  + ", ".join(f"{n} {_fmt(v)}" for n, v in wino.items()))
@@ -179,7 +185,7 @@ def half_table(rows, dtype) -> tuple[str, float | None]:
         if best:
             best_ratios.append(best)
         lines.append(f"| {row['label']} | {row['gflop']:.1f} | " + " | ".join(_fmt(rate[n]) for n in names) + f" | {_fmt(best)} |")
-    geo = math.exp(statistics.fmean(math.log(r) for r in best_ratios)) if best_ratios else None
+    geo = _geomean(best_ratios)
     lines.append(f"| **geometric mean, best ours / cuDNN {dtype}** | | " + " | ".join("" for _ in names) + f" | **{_fmt(geo)}** |")
     if auto := auto_geomeans(rows):
         lines.append(_auto_line(auto))

@@ -41,6 +41,8 @@ specialisation per dtype (``cache=True``); shapes and the geometry are run-time 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, prange
 
@@ -241,10 +243,12 @@ def _sum_nine_taps(dy_wide, x_wide, length, Ws, row_zero, totals, row):
 
 
 @njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
-def backward_weight_wide_kernel(x, dy, pad_top, pad_left, groups, R, S, c_parts, chunk_images, row_zero, totals):
+def backward_weight_wide_kernel(x, dy, pad_top, pad_left, groups, R, S, Ws, L, chunk_images, x_elements, c_parts,
+                                row_zero, totals):
     """The weight pass at stride 1 and dilation 1 over *wide rows*: ``dy[n, k]`` laid out with rows
     of pitch ``Ws = Q + S - 1`` (zeros past column ``Q``) and ``x[n, c]`` zero-padded to ``P + R - 1``
-    rows of that pitch, ``chunk_images`` images one after another (``L`` elements each), so tap
+    rows of that pitch, ``chunk_images`` images one after another (``L`` elements each; ``x``'s
+    buffer ``x_elements`` long, the last image's taps reading past it: :class:`_WideRows`), so tap
     ``(r, s)`` is one dot product over all of them at offset ``r*Ws + s``, in chunks of
     :data:`WIDE_CHUNK` summed in float64 into ``totals[k*Cg + c, r*S + s]`` (a 3x3 filter's nine
     at once: :func:`_sum_nine_taps`). A task is one filter and a share (``c_parts``) of its
@@ -259,8 +263,6 @@ def backward_weight_wide_kernel(x, dy, pad_top, pad_left, groups, R, S, c_parts,
     K, P, Q = dy.shape[1], dy.shape[2], dy.shape[3]
     Cg = C // groups
     Kg = K // groups
-    Ws = Q + S - 1
-    L = (P + R - 1) * Ws + S
     x_flat = x.reshape(-1)
     dy_flat = dy.reshape(-1)
     for task in prange(K * c_parts):
@@ -268,7 +270,7 @@ def backward_weight_wide_kernel(x, dy, pad_top, pad_left, groups, R, S, c_parts,
         part = task - k * c_parts
         g = k // Kg
         dy_wide = np.zeros(chunk_images * L, dy.dtype)
-        x_wide = np.zeros(chunk_images * L + (R - 1) * Ws + S, x.dtype)
+        x_wide = np.zeros(x_elements, x.dtype)
         for n0 in range(0, N, chunk_images):
             n1 = min(N, n0 + chunk_images)
             _copy_wide_dy(dy_flat, K, P, Q, k, n0, n1, L, Ws, dy_wide)
@@ -322,12 +324,27 @@ def _sums_wide_rows(problem: ConvProblem) -> bool:
     return sums_wide_rows(problem, KNOBS.direct_weight_wide_max_row)
 
 
-def _wide_geometry(problem: ConvProblem) -> tuple[int, int, int]:
-    """``(Ws, L, chunk_images)`` of the wide rows: their pitch, the elements of one image's planes,
-    and the images a buffer holds (about :data:`WIDE_BUFFER_ELEMENTS`, at least one)."""
+class _WideRows(NamedTuple):
+    """The layout of :func:`backward_weight_wide_kernel`'s buffers, worked out once for the kernel
+    and the workspace bound."""
+
+    Ws: int  # the pitch of the rows: Q + S - 1
+    L: int  # elements of one image's planes: (P + R - 1) rows and the last tap's reach
+    chunk_images: int  # images a buffer holds: about WIDE_BUFFER_ELEMENTS of them, at least one
+    x_elements: int  # of x's buffer: its images' planes and a zero tail the last taps read
+
+    @property
+    def buffer_elements(self) -> int:
+        """Elements of one task's two buffers."""
+        return self.chunk_images * self.L + self.x_elements
+
+
+def _wide_rows(problem: ConvProblem) -> _WideRows:
+    """:class:`_WideRows` of ``problem``."""
     Ws = problem.Q + problem.S - 1
     L = (problem.P + problem.R - 1) * Ws + problem.S
-    return Ws, L, max(1, min(problem.N, WIDE_BUFFER_ELEMENTS // L))
+    chunk_images = max(1, min(problem.N, WIDE_BUFFER_ELEMENTS // L))
+    return _WideRows(Ws, L, chunk_images, chunk_images * L + (problem.R - 1) * Ws + problem.S)
 
 
 def _channel_parts(problem: ConvProblem) -> int:
@@ -356,9 +373,7 @@ class _Direct:
             return 0
         totals = problem.K * problem.gemm_k * 8
         if _sums_wide_rows(problem):
-            Ws, L, chunk_images = _wide_geometry(problem)
-            buffers = 2 * chunk_images * L + (problem.R - 1) * Ws + problem.S
-            return totals + thread_count() * buffers * problem.itemsize
+            return totals + thread_count() * _wide_rows(problem).buffer_elements * problem.itemsize
         return totals
 
     def run(self, problem: ConvProblem, *arrays):
@@ -379,8 +394,10 @@ class _Direct:
         x, dy = arrays[:2]
         if _sums_wide_rows(p):
             totals = np.zeros((p.K * p.C_per_group, p.R * p.S))
-            backward_weight_wide_kernel(x, dy, p.pad_top, p.pad_left, p.groups, p.R, p.S, _channel_parts(p),
-                                        _wide_geometry(p)[2], np.zeros(1, p.dtype), totals)
+            wide = _wide_rows(p)
+            backward_weight_wide_kernel(x, dy, p.pad_top, p.pad_left, p.groups, p.R, p.S, wide.Ws, wide.L,
+                                        wide.chunk_images, wide.x_elements, _channel_parts(p), np.zeros(1, p.dtype),
+                                        totals)
             dw = totals.reshape(p.w_shape).astype(p.dtype)
             if np.isfinite(dw).all():
                 return dw

@@ -126,21 +126,22 @@ def _cuda_rules(problem: ConvProblem) -> list[tuple[str, str]]:
                                     "on the half values in place"))
         return rules + [("blis", f"{problem.dtype} GEMM-shaped problem: the implicit GEMM on tensor cores")]
     rules = []
-    if problem.dtype == "float32" and options.allow_tf32 and _winograd_pays(problem, channels=64, pixels=6272):
-        # Where TF32 is permitted, F(4x4,3x3) stays exact (TF32 would amplify to 10x cuDNN TF32's
-        # error) and loses to the TF32 paths. H200, batch 128, same call (docs/benchmarks.md, "1x1
-        # layers through cuBLAS"), ms: on 14x14 and 7x7 images F(2x2,3x3) with cuBLAS TF32 GEMMs
-        # 0.146 / 0.126 against F(4x4) exact 0.311 / 0.303 and tensor-core blis 0.304 / 0.260;
-        # on 56x56 and 28x28 tensor-core blis 0.410 / 0.263 against F(4x4) 0.454 / 0.293.
-        if problem.P * problem.Q < 28 * 28 and _cublas_expected():
-            rules.append(("winograd2", "3x3 stride-1 layer on a small image with TF32 permitted: F(2x2,3x3) "
-                                       "with cuBLAS TF32 GEMMs"))
-        else:
-            rules.append(("blis", "3x3 stride-1 layer with TF32 permitted: the implicit GEMM on tensor cores"))
     # Measured on an H100 at batch 128 (docs/benchmarks.md): F(4x4,3x3) beat blis 1.9-3.3x on
     # ResNet-50's four 3x3 stride-1 layers (64-512 channels, 6272-401408 output pixels), with
     # cuBLAS and with our own GEMM alike. Smaller problems were not measured: blis keeps them.
     if _winograd_pays(problem, channels=64, pixels=6272):
+        if problem.dtype == "float32" and options.allow_tf32:
+            # Where TF32 is permitted, F(4x4,3x3) stays exact (TF32 would amplify to 10x cuDNN
+            # TF32's error) and loses to the TF32 paths. H200, batch 128, same call
+            # (docs/benchmarks.md, "1x1 layers through cuBLAS"), ms: on 14x14 and 7x7 images
+            # F(2x2,3x3) with cuBLAS TF32 GEMMs 0.146 / 0.126 against F(4x4) exact 0.311 / 0.303 and
+            # tensor-core blis 0.304 / 0.260; on 56x56 and 28x28 tensor-core blis 0.410 / 0.263
+            # against F(4x4) 0.454 / 0.293.
+            if problem.P * problem.Q < 28 * 28 and _cublas_expected():
+                rules.append(("winograd2", "3x3 stride-1 layer on a small image with TF32 permitted: F(2x2,3x3) "
+                                           "with cuBLAS TF32 GEMMs"))
+            else:
+                rules.append(("blis", "3x3 stride-1 layer with TF32 permitted: the implicit GEMM on tensor cores"))
         rules.append(("winograd", "3x3 stride-1 layer with many channels: F(4x4,3x3) does 4x fewer multiplications"))
     # Measured on an H200 at batch 128 (docs/benchmarks.md): on ResNet-50's 1x1 layers with output
     # images of 14x14 and up, cuBLAS's strided batched GEMM (on the image itself at stride 1, on a
